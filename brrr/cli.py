@@ -20,6 +20,7 @@ def _add_target(p, train=True):
     p.add_argument("--example", help="a built-in model instead of FILE.py:FUNC: mlp, bert, gpt2, bert-base, gpt2-small")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when there is one)")
     p.add_argument("--dtype", help="cast floating inputs and parameters: fp32, bf16, fp16")
+    p.add_argument("--batch", type=int, help="batch size of a built-in --example")
     if train:
         p.add_argument("--train", action="store_true", help="a forward+backward step instead of inference")
 
@@ -34,7 +35,7 @@ def cmd_analyze(args):
     import brrr
     from brrr.target import load_target
 
-    model, inputs, device, _ = load_target(args.target, args.example, args.device, args.dtype)
+    model, inputs, device, _ = load_target(args.target, args.example, args.device, args.dtype, args.batch)
     analysis = brrr.analyze(model, *inputs, train=args.train, device=device, progress=True)
     console = _console()
     analysis.print(console)
@@ -64,7 +65,7 @@ def cmd_experiment(args):
     if args.name == "repeat":
         from brrr.experiments import repeat
 
-        repeat.run(backend=args.backend, device=device, dtype=dtype, numel=args.numel,
+        repeat.run(backend=args.backend or "inductor", device=device, dtype=dtype, numel=args.numel,
                    max_repeat=args.max_repeat, png=args.png, json_path=args.json, progress=True)
     else:
         from brrr.experiments import overhead
@@ -77,7 +78,7 @@ def cmd_explain(args):
     import brrr
     from brrr.target import load_target
 
-    model, inputs, _, _ = load_target(args.target, args.example, args.device, args.dtype)
+    model, inputs, _, _ = load_target(args.target, args.example, args.device, args.dtype, args.batch)
     print(brrr.explain(model, *inputs, train=args.train))
 
 
@@ -87,7 +88,7 @@ def cmd_bench(args):
     import brrr
     from brrr.target import load_target
 
-    model, inputs, _, _ = load_target(args.target, args.example, args.device, args.dtype)
+    model, inputs, _, _ = load_target(args.target, args.example, args.device, args.dtype, args.batch)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     result = brrr.bench(model, *inputs, backends=backends, train=args.train, progress=True)
     result.print(_console())
@@ -115,7 +116,8 @@ def build_parser():
 
     p = sub.add_parser("experiment", help="the seeds' experiments: repeat (x*2 r times), overhead (batch scaling)")
     p.add_argument("name", choices=["repeat", "overhead"])
-    p.add_argument("--backend", default="inductor", help="torch.compile backend for the repeat sweep: inductor or brrr")
+    p.add_argument("--backend", help="torch.compile backend: inductor (the repeat sweep's default) or brrr; "
+                                     "the overhead test runs eager unless given one")
     p.add_argument("--device", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--numel", type=int, default=None, help="elements of x for the repeat sweep (default: 2^28 on GPU)")

@@ -109,17 +109,20 @@ def place(model, inputs, device, dtype=None):
     return model, tuple(_move(x, device, dtype) for x in inputs)
 
 
-def load_target(spec=None, example=None, device=None, dtype=None):
-    """Resolve a CLI target to `(model, inputs, device, dtype)` ready to run."""
+def load_target(spec=None, example=None, device=None, dtype=None, batch=None):
+    """Resolve a CLI target to `(model, inputs, device, dtype)` ready to run; `batch` sizes an example."""
     device = parse_device(device)
     dtype = parse_dtype(dtype)
     if example is not None:
         from brrr.examples import build_example
 
-        model, inputs = build_example(example, device=device, dtype=dtype or torch.float32)
+        sizes = {} if batch is None else {"batch": batch}
+        model, inputs = build_example(example, device=device, dtype=dtype or torch.float32, **sizes)
         return model, tuple(inputs), device, dtype
     if spec is None:
         raise BrrrError("give a target FILE.py:FUNC or --example NAME")
+    if batch is not None:
+        raise BrrrError("--batch sizes a built-in --example; size your own model inside FUNC")
     func = load_function(spec)
     try:
         result = func()

@@ -1,0 +1,89 @@
+"""GPU acceptance for `brrr analyze` (issue 2), run on the device machine:
+
+    PYTHONPATH=$PWD python3 benchmarks/acceptance_analyze.py --out $OUT
+
+1. `brrr ceilings` (fresh): copy bandwidth and bf16 matmul against ~3.0 TB/s and ~740 TFLOP/s.
+2. `brrr analyze` on BERT-base (bf16, 8x512, eager inference): the op-class table, from the profiler's
+   kernel times, each kernel attributed to the ATen op that launched it.
+3. The cost of analyzing one step against one eager step (ceilings already cached).
+4. `brrr experiment repeat` in fp32 with Inductor: where the knee falls.
+Writes analyze-acceptance.json (+ the BERT report as JSON/PNG/HTML and the repeat plot) under --out.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+from rich.console import Console
+
+
+def eager_step_time(model, inputs, reps=20):
+    with torch.no_grad():
+        for _ in range(3):
+            model(*inputs)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            model(*inputs)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--skip-repeat", action="store_true")
+    args = parser.parse_args()
+    console = Console(width=140)
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    import triton
+
+    results["triton"] = triton.__version__
+
+    import brrr
+    from brrr.cost.device import get_ceilings, print_ceilings
+    from brrr.examples import bert_base
+
+    ceilings = get_ceilings("cuda", refresh=True, progress=False)
+    print_ceilings(ceilings, console)
+    results["ceilings"] = ceilings.to_dict()
+    results["ceilings_check"] = {
+        "copy_TBps": ceilings.bandwidth / 1e12, "copy_within_10pct_of_3.0": abs(ceilings.bandwidth / 3.0e12 - 1) <= 0.10,
+        "bf16_TFLOPs": ceilings.matmul["bf16"] / 1e12,
+        "bf16_within_10pct_of_740": abs(ceilings.matmul["bf16"] / 740e12 - 1) <= 0.10,
+    }
+
+    model, inputs = bert_base(device="cuda", dtype=torch.bfloat16)
+    eager = eager_step_time(model, inputs)
+    start = time.perf_counter()
+    analysis = brrr.analyze(model, *inputs)
+    analyze_s = time.perf_counter() - start
+    analysis.print(console)
+    analysis.save_json(os.path.join(args.out, "bert-base-bf16-analysis.json"))
+    analysis.save_png(os.path.join(args.out, "bert-base-bf16-roofline.png"))
+    analysis.save_html(os.path.join(args.out, "bert-base-bf16-analysis.html"))
+    results["bert_base_bf16"] = {
+        "eager_step_s": eager, "analyze_s": analyze_s, "analyze_over_eager": analyze_s / eager,
+        "op_classes": analysis.op_classes, "regimes": analysis.regimes, "wall_time_s": analysis.wall_time_s,
+    }
+    console.print(f"BERT-base bf16 8x512: eager step {eager * 1e3:.2f} ms, analyze {analyze_s:.2f} s "
+                  f"({analyze_s / eager:.0f}x)")
+
+    if not args.skip_repeat:
+        from brrr.experiments import repeat
+
+        rep = repeat.run(backend="inductor", device=torch.device("cuda"), dtype=torch.float32,
+                         png=os.path.join(args.out, "repeat-fp32-inductor.png"), progress=False)
+        results["repeat_fp32_inductor"] = rep
+
+    with open(os.path.join(args.out, "analyze-acceptance.json"), "w") as f:
+        json.dump(results, f, indent=2, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Turning a backend name into something to run: eager, a torch.compile backend, or brrr's own.
+
+`resolve_backend("brrr")` falls back to importing `brrr.compile.backend.brrr_backend` when the
+`torch_dynamo_backends` entry point is not installed (e.g. a checkout run with PYTHONPATH). Callables are
+passed through (tests register doubles that way). `fresh_compile` resets Dynamo first, so every backend
+starts from nothing and the first call pays the whole compile.
+"""
+
+import contextlib
+
+import torch
+
+
+def backend_name(backend):
+    if isinstance(backend, str):
+        return backend
+    return getattr(backend, "__name__", type(backend).__name__)
+
+
+def resolve_backend(backend):
+    """'eager' -> None (no compile); a registered name -> the name; 'brrr' -> brrr's backend callable."""
+    if backend is None or backend == "eager":
+        return None
+    if not isinstance(backend, str):
+        return backend
+    from torch._dynamo.backends.registry import lookup_backend
+
+    try:
+        lookup_backend(backend)
+        return backend
+    except Exception:
+        if backend != "brrr":
+            raise
+    from brrr.compile.backend import brrr_backend  # ImportError here means: brrr's compiler is not built yet
+
+    return brrr_backend
+
+
+def dynamo_limits(minimum):
+    """Config overrides raising Dynamo's recompile/cache limits to at least `minimum` (names differ by version)."""
+    import torch._dynamo.config as config
+
+    names = ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit")
+    overrides = {}
+    for name in names:
+        try:
+            current = getattr(config, name)
+        except AttributeError:
+            continue
+        if isinstance(current, int):
+            overrides[name] = max(current, minimum)
+    return overrides
+
+
+@contextlib.contextmanager
+def strict_dynamo(recompile_limit=64):
+    """Errors raise instead of silently falling back to eager; enough recompiles for a sweep."""
+    import torch._dynamo.config as config
+
+    overrides = dynamo_limits(recompile_limit)
+    if hasattr(config, "suppress_errors"):
+        overrides["suppress_errors"] = False
+    with config.patch(**overrides):
+        yield
+
+
+def fresh_compile(fn, backend, dynamic=None):
+    """`fn` compiled with `backend` after a Dynamo reset; `fn` itself for eager."""
+    resolved = resolve_backend(backend)
+    if resolved is None:
+        return fn
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=resolved, dynamic=dynamic)

@@ -1,0 +1,204 @@
+"""bench(): eager vs torch.compile backends side by side, in one process, on the same inputs.
+
+For each backend, in order: compile cold (Dynamo reset, time the first call), compile warm (reset again,
+time the first call with on-disk caches warm), check the result (outputs, and gradients for train=True)
+against eager — and for bf16/fp16 against a float64 run of the same model — then time it (median and
+p20/p80 of single calls, plus back-to-back calls), then the peak memory of one call (CUDA only: CPU
+allocations are not tracked by torch, so that column is None there).
+
+A backend that raises is a row marked "FAILED: reason"; one outside tolerance is "WRONG: error ..." (still
+timed). Neither stops the others. Eager always runs first: it is the reference and the speedup's base.
+"""
+
+import time
+
+import torch
+
+from brrr.bench import compare
+from brrr.bench.backends import backend_name, fresh_compile, strict_dynamo
+from brrr.bench.result import BenchResult, BenchRow, dtype_name
+from brrr.bench.step import Step, make_cotangents, to_fp64
+from brrr.bench.timing import synchronize, time_kernel, time_steady
+
+DEFAULT_BACKENDS = ("eager", "inductor", "brrr")
+
+
+def _infer_device(model, inputs):
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    if isinstance(model, torch.nn.Module):
+        for p in model.parameters():
+            return p.device
+    return torch.device("cpu")
+
+
+def _output_dtype(outputs):
+    for t in outputs:
+        if t.is_floating_point():
+            return t.dtype
+    return None
+
+
+def _timed_first_call(step, device):
+    synchronize(device)
+    start = time.perf_counter()
+    step()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def _peak_memory(step, device):
+    if device.type != "cuda":
+        return None
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device))
+
+
+def _reason(exc, limit=160):
+    """'FAILED: Outer <- Root: first line of the root cause's message', cut to `limit` characters."""
+    root = exc
+    while True:  # Dynamo wraps a backend's exception (BackendCompilerFailed.inner_exception / __cause__)
+        inner = getattr(root, "inner_exception", None) or root.__cause__
+        if inner is None or inner is root:
+            break
+        root = inner
+    lines = str(root).strip().splitlines()
+    text = f"{type(root).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    if root is not exc:
+        text = f"{type(exc).__name__} <- {text}"
+    return "FAILED: " + (text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+def versions():
+    v = {"torch": torch.__version__}
+    try:
+        import triton
+
+        v["triton"] = triton.__version__
+    except ImportError:
+        v["triton"] = None
+    return v
+
+
+class _Reference:
+    """Eager's outputs and gradients (and the float64 run's, for half types): what every backend must match."""
+
+    def __init__(self, outputs, grads, fp64=None, eager_vs_fp64=None):
+        self.outputs, self.grads, self.fp64, self.eager_vs_fp64 = outputs, grads, fp64, eager_vs_fp64
+        self.dtype = _output_dtype(outputs)
+
+    def judge(self, outputs, grads):
+        """(error vs eager, error vs fp64 or None, None or 'WRONG: ...')."""
+        vs_eager = compare.error(outputs + grads, self.outputs + self.grads)
+        vs_fp64 = compare.error(outputs + grads, self.fp64) if self.fp64 is not None else None
+        return vs_eager, vs_fp64, compare.verdict(self.dtype, vs_eager, vs_fp64, self.eager_vs_fp64)
+
+
+def _fp64_run(model, inputs, train, cotangents, device):
+    model64, inputs64, cotangents64 = to_fp64(model, inputs, cotangents)
+    outputs, grads = Step(model64, model64, [inputs64], train, cotangents64).run_on_first_inputs()
+    del model64
+    return outputs + grads
+
+
+def bench(model, *inputs, backends=DEFAULT_BACKENDS, train=False, progress=False, device=None, warmup=25,
+          rep=100, input_sets=None, label=None, compile_warm=True, fp64_reference=True):
+    """Time and check `model(*inputs)` under each backend. Returns a BenchResult.
+
+    backends: torch.compile backend names or callables; "eager" means no compile (always run, first).
+    warmup, rep: milliseconds of warm-up and of timed calls (triton.testing.do_bench's meaning).
+    input_sets: optional further input tuples; timing rotates through `inputs` and these (so that the
+        working set exceeds the caches); correctness is checked on `inputs`.
+    compile_warm: also measure the warm compile (a second compile after a Dynamo reset).
+    fp64_reference: for bf16/fp16 results, judge against a float64 copy of the model.
+    """
+    device = torch.device(device) if device is not None else _infer_device(model, inputs)
+    names = [backend_name(b) for b in backends]
+    backends = list(backends)
+    if "eager" not in names:
+        backends.insert(0, "eager")
+        names.insert(0, "eager")
+    else:  # eager first: it is the reference
+        i = names.index("eager")
+        backends.insert(0, backends.pop(i))
+        names.insert(0, names.pop(i))
+    input_sets = [tuple(inputs)] + [tuple(s) for s in (input_sets or [])]
+    label = label or (type(model).__name__ if isinstance(model, torch.nn.Module) else backend_name(model))
+    result = BenchResult(rows=[], label=label, device=_device_name(device), dtype="?", train=train,
+                         versions=versions())
+    result.notes.append("peak memory: torch.cuda.max_memory_allocated during one call"
+                        if device.type == "cuda" else "peak memory: not measured on CPU")
+
+    from rich.progress import Progress
+
+    reference = None
+    with strict_dynamo(), Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("bench", total=len(backends))
+        for backend, name in zip(backends, names):
+            bar.update(task, description=f"{label}: {name}")
+            row = BenchRow(backend=name)
+            try:
+                if reference is None:
+                    reference = _eager_reference(model, input_sets[0], train, device, fp64_reference)
+                    result.dtype = dtype_name(reference.dtype)
+                    if reference.eager_vs_fp64 is not None:
+                        row.error_vs_fp64 = reference.eager_vs_fp64
+                _run_backend(row, model, input_sets, train, device, backend, reference, warmup, rep,
+                             compile_warm)
+            except Exception as exc:
+                row.status, row.reason = "failed", _reason(exc)
+                if reference is None:  # eager itself failed: nothing to compare against
+                    result.rows.append(row)
+                    break
+            result.rows.append(row)
+            bar.advance(task)
+    torch._dynamo.reset()
+    eager = result.rows[0]
+    for row in result.rows:
+        if row.median_s and eager.median_s and row.status != "failed":
+            row.speedup = eager.median_s / row.median_s
+    return result
+
+
+def _eager_reference(model, inputs, train, device, fp64_reference):
+    cotangents = None
+    if train:
+        cotangents = make_cotangents(model(*inputs))
+    outputs, grads = Step(model, model, [inputs], train, cotangents).run_on_first_inputs()
+    reference = _Reference(outputs, grads)
+    reference.cotangents = cotangents
+    if fp64_reference and reference.dtype in compare.HALF_TYPES:
+        reference.fp64 = _fp64_run(model, inputs, train, cotangents, device)
+        reference.eager_vs_fp64 = compare.error(outputs + grads, reference.fp64)
+    return reference
+
+
+def _run_backend(row, model, input_sets, train, device, backend, reference, warmup, rep, compile_warm):
+    make = lambda: Step(fresh_compile(model, backend), model, input_sets, train, reference.cotangents)  # noqa: E731
+    if row.backend == "eager":
+        step = make()
+        row.error_vs_eager = compare.Error.exact()
+    else:
+        step = make()
+        row.cold_compile_s = _timed_first_call(step, device)
+        if compile_warm:
+            step = make()
+            row.warm_compile_s = _timed_first_call(step, device)
+        outputs, grads = step.run_on_first_inputs()
+        row.error_vs_eager, row.error_vs_fp64, wrong = reference.judge(outputs, grads)
+        if wrong:
+            row.status, row.reason = "wrong", wrong
+    timing = time_kernel(step, device, warmup=warmup, rep=rep)
+    row.median_s, row.p20_s, row.p80_s, row.timing_method = timing.median_s, timing.p20_s, timing.p80_s, timing.method
+    row.steady_s = time_steady(step, device).median_s
+    row.peak_memory_bytes = _peak_memory(step, device)
+
+
+def _device_name(device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"

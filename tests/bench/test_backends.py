@@ -1,0 +1,34 @@
+import pytest
+import torch
+
+from brrr.bench.backends import backend_name, dynamo_limits, resolve_backend, strict_dynamo
+
+
+def test_resolve_backend():
+    assert resolve_backend("eager") is None
+    assert resolve_backend("inductor") == "inductor"
+
+    def my_backend(gm, example_inputs):
+        return gm.forward
+
+    assert resolve_backend(my_backend) is my_backend and backend_name(my_backend) == "my_backend"
+    with pytest.raises(Exception):
+        resolve_backend("no_such_backend_xyz")
+
+
+def test_brrr_resolves_without_the_entry_point_installed():
+    pytest.importorskip("brrr.compile.backend", reason="brrr's compiler is not built yet")
+    resolved = resolve_backend("brrr")
+    assert resolved == "brrr" or callable(resolved)
+
+
+def test_dynamo_limits_raise_whichever_limits_exist():
+    import torch._dynamo.config as config
+
+    overrides = dynamo_limits(1000)
+    assert overrides and all(v >= 1000 for v in overrides.values())
+    assert all(hasattr(config, k) for k in overrides)
+    with strict_dynamo(recompile_limit=1000):
+        for name in overrides:
+            assert getattr(config, name) >= 1000
+    assert any(getattr(config, name) < 1000 for name in overrides)  # restored afterwards
