@@ -1,0 +1,103 @@
+"""`brrr.analyze(model, *inputs)`: where a step's time goes, op by op, and what to do about it.
+
+The pipeline, one module per stage:
+    step.py      the step: forward (no_grad), or forward + backward for train=True
+    capture.py   TorchDispatchMode trace: every ATen op, its module, shapes, FLOPs, bytes, producers
+    timing.py    torch.profiler: per-op device (CUDA) or host (CPU) time, wall time, device busy time
+    regimes.py   roofline floor and regime per op / module / run; the op-class table
+    advise.py    fusion, overhead and precision advice, each with a predicted saving
+    report.py    terminal, JSON, roofline PNG and HTML renderings of the Analysis (analysis.py)
+"""
+
+import sys
+import types
+from contextlib import contextmanager
+
+import torch
+
+from brrr.analyze.analysis import Analysis
+from brrr.analyze.capture import OpRecord, capture, trace_names
+from brrr.analyze.step import Step, resolve_device
+from brrr.analyze.timing import device_busy_time, median_times, op_times, profiled, wall_time
+
+__all__ = ["analyze", "Analysis", "OpRecord"]
+
+STAGES = ("ceilings", "capture", "profile", "wall time", "classify")
+
+
+@contextmanager
+def _stage_bar(enabled, done=1):
+    """A rich progress bar over STAGES (the first `done` already finished), or a no-op."""
+    if not enabled:
+        yield lambda name: None
+        return
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("analyze", total=len(STAGES), completed=done)
+        started = [False]
+
+        def stage(name):
+            if started[0]:
+                bar.advance(task)
+            started[0] = True
+            bar.update(task, description=f"analyze: {name}")
+
+        yield stage
+        bar.advance(task)
+
+
+def _tf32_enabled(device):
+    if torch.get_float32_matmul_precision() != "highest":
+        return True
+    return device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
+
+
+def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=None, profile_runs=3):
+    """Capture, time and classify every op of one step of `model(*inputs)`; returns an Analysis.
+
+    train: a forward+backward step instead of inference.  device: where the step runs (default: the
+    inputs' device).  ceilings: a Ceilings to use instead of the measured/cached ones of `device`.
+    profile_runs: profiled steps whose per-op times are combined by median.
+    """
+    step = Step(model, inputs, train)
+    device = resolve_device(model, inputs, device)
+    if ceilings is None:
+        from brrr.cost.device import get_ceilings
+
+        ceilings = get_ceilings(device, progress=progress)  # before our bar: rich allows one live display
+    with _stage_bar(progress) as stage:
+        stage("capture")
+        step()  # warm-up: first-call costs out of the way, and a model that raises fails here
+        with profiled(device) as prof:
+            records = capture(step)
+        names = [r.name for r in records]
+        runs = [op_times(prof, len(records), device)]
+
+        stage("profile")
+        for _ in range(profile_runs - 1):
+            with profiled(device) as prof:
+                run_names = trace_names(step)
+            if run_names == names:  # a step whose ops differ run to run keeps only the captured timing
+                runs.append(op_times(prof, len(records), device))
+        for record, seconds in zip(records, median_times(runs)):
+            record.time_s = seconds
+
+        stage("wall time")
+        wall = wall_time(step, device)
+        busy = device_busy_time(step, device)
+
+        stage("classify")
+        return Analysis.from_measurements(records, ceilings, wall, busy, train=train,
+                                          tf32_enabled=_tf32_enabled(device))
+
+
+class _CallableModule(types.ModuleType):
+    """Importing this package rebinds `brrr.analyze` (a function in brrr/__init__.py) to the package itself;
+    making the package callable keeps `brrr.analyze(model, x)` working either way."""
+
+    def __call__(self, *args, **kwargs):
+        return analyze(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,208 @@
+"""Stage 4 of the analyzer (capture -> time -> regimes -> advise -> report): what to do, and what it saves.
+
+Each piece of advice is `{"kind", "message", "predicted_saving_s"}` (plus detail keys), sorted by saving:
+- "fuse": a group of memory-bound ops (elementwise / normalization, linked producer -> consumer through
+  the capture's storage tracking) that one kernel could run. Saved: the intermediates' bytes, each read
+  back once by its consumer and written once by its producer unless something outside the group (or the
+  step's result) still needs it, over the measured bandwidth.
+- "cuda-graphs", "compile", "batch": for runs where overhead holds a large share of the wall time.
+- "tf32", "bf16": fp32 matmuls that faster tensor-core modes would speed up, scaled by the measured
+  matmul rates of the modes.
+"""
+
+import torch
+
+FUSIBLE_CLASSES = ("elementwise", "normalization")
+MAX_FUSE_ITEMS = 5                # the largest fusion groups get an item each; the rest one summary item
+OVERHEAD_ADVICE_FRACTION = 0.3    # overhead advice when overhead holds at least this share of the wall time
+MIN_FUSE_BYTES = 1024             # smaller savings are scalars (a loss, a gradient seed), not worth a line
+FASTER_MODE_MARGIN = 1.2          # a precision mode must be this much faster than the current one to advise it
+
+
+def advice_item(kind, message, predicted_saving_s, **detail):
+    return {"kind": kind, "message": message, "predicted_saving_s": max(float(predicted_saving_s), 0.0), **detail}
+
+
+def short_name(op_name):
+    """'aten.native_layer_norm.default' -> 'native_layer_norm'."""
+    parts = op_name.split(".")
+    return parts[1] if len(parts) >= 2 else op_name
+
+
+def common_module(paths, most=3):
+    """The longest dotted prefix shared by all module paths, else the first few distinct paths."""
+    prefix = []
+    for parts in zip(*[p.split(".") for p in paths]):
+        if len(set(parts)) != 1:
+            break
+        prefix.append(parts[0])
+    if prefix:
+        return ".".join(prefix)
+    distinct = list(dict.fromkeys(paths))
+    more = f" and {len(distinct) - most} more" if len(distinct) > most else ""
+    return ", ".join(distinct[:most]) + more
+
+
+# --- fusion -------------------------------------------------------------------------------------------------
+
+def fusion_groups(records):
+    """Groups (2+ ops) of fusible ops joined by producer -> consumer edges within one phase.
+
+    An edge joins only when the consumer is the producer's sole reader, so a group is a tree flowing into
+    one last op and no op outside the group can sit on a path between two of its members: one kernel
+    can run it. (A producer with several readers, like a layer norm feeding three projections and a
+    residual add, would need those readers inside the kernel too.)
+    """
+    by_index = {r.index: r for r in records}
+    parent = {}
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for r in records:
+        if r.op_class in FUSIBLE_CLASSES:
+            parent[r.index] = r.index
+    for r in records:
+        if r.index not in parent:
+            continue
+        for producer, _ in r.inputs_from:
+            p = by_index.get(producer)
+            if p is not None and p.index in parent and p.phase == r.phase and p.consumers == [r.index]:
+                parent[find(r.index)] = find(p.index)
+    groups = {}
+    for i in parent:
+        groups.setdefault(find(i), []).append(by_index[i])
+    return [sorted(g, key=lambda r: r.index) for g in groups.values() if len(g) > 1]
+
+
+def fusion_bytes_saved(group):
+    """Bytes one kernel for `group` would not move: intermediate reads, and writes nobody outside needs."""
+    members = {r.index for r in group}
+    saved = 0
+    for r in group:
+        saved += sum(nbytes for producer, nbytes in r.inputs_from if producer in members)
+        internal_consumers = [c for c in r.consumers if c in members]
+        if internal_consumers and len(internal_consumers) == len(r.consumers) and not r.is_step_output:
+            saved += r.bytes_written
+    return saved
+
+
+def fusion_advice(records, ceilings):
+    items = []
+    for group in fusion_groups(records):
+        saved = fusion_bytes_saved(group)
+        if saved < MIN_FUSE_BYTES:
+            continue
+        chain = " -> ".join(short_name(r.name) for r in group)
+        module = common_module([r.module for r in group])
+        phase = group[0].phase
+        items.append(advice_item(
+            "fuse",
+            f"fuse {chain} in {module} ({phase}) into one kernel: {len(group)} ops, {saved / 1e6:.3g} MB of "
+            f"intermediates not written and read back; torch.compile(model, backend=\"brrr\") does this",
+            saved / ceilings.bandwidth, ops=[r.index for r in group], module=module, bytes_saved=saved,
+        ))
+    items.sort(key=lambda a: -a["predicted_saving_s"])
+    if len(items) > MAX_FUSE_ITEMS:
+        rest = items[MAX_FUSE_ITEMS:]
+        rest_bytes = sum(a["bytes_saved"] for a in rest)
+        items = items[:MAX_FUSE_ITEMS] + [advice_item(
+            "fuse", f"{len(rest)} more fusible group(s) of memory-bound ops: {rest_bytes / 1e6:.3g} MB of "
+                    f"intermediates in all", rest_bytes / ceilings.bandwidth, bytes_saved=rest_bytes,
+        )]
+    return items
+
+
+# --- overhead -------------------------------------------------------------------------------------------------
+
+def overhead_advice(records, split, wall_time_s, busy_time_s, kind, fusion_items):
+    """CUDA graphs, compiling and a larger batch, when overhead holds a large share of the step."""
+    if wall_time_s <= 0 or split["overhead"] < OVERHEAD_ADVICE_FRACTION * wall_time_s:
+        return []
+    overhead = split["overhead"]
+    idle = max(wall_time_s - min(busy_time_s, wall_time_s), 0.0)
+    share = f"{overhead / wall_time_s:.0%} of the step ({overhead * 1e3:.3g} ms) is overhead"
+    items = []
+    if kind == "cuda":
+        items.append(advice_item(
+            "cuda-graphs",
+            f"{share}; the GPU idles {idle / wall_time_s:.0%} of the time waiting for launches. CUDA graphs "
+            f"(torch.cuda.graphs, or torch.compile mode=\"reduce-overhead\") replay the step's kernels in one "
+            f"launch: predicted step {(wall_time_s - idle) * 1e3:.3g} ms",
+            idle,
+        ))
+    # Compiling removes the dispatch of every op it fuses away (views and fused groups), at the average
+    # overhead per op, and the fused groups' traffic.
+    removed_ops = sum(1 for r in records if r.op_class == "view")
+    removed_ops += sum(len(group) - 1 for group in fusion_groups(records))
+    per_op = overhead / len(records) if records else 0.0
+    compile_saving = min(per_op * removed_ops + sum(a["predicted_saving_s"] for a in fusion_items), overhead)
+    items.append(advice_item(
+        "compile",
+        f"{share}; torch.compile(model, backend=\"brrr\") removes {removed_ops} of {len(records)} op dispatches "
+        f"(views and fused ops): predicted step {(wall_time_s - compile_saving) * 1e3:.3g} ms",
+        compile_saving,
+    ))
+    # Overhead is per step, not per sample: twice the batch costs one more busy time, not one more wall time.
+    work = split["compute"] + split["bandwidth"]
+    items.append(advice_item(
+        "batch",
+        f"{share}, a fixed cost per step: doubling the batch is predicted to take {(wall_time_s + work) * 1e3:.3g} ms "
+        f"for twice the samples, {overhead / 2 * 1e3:.3g} ms less per current batch",
+        overhead / 2,
+    ))
+    return items
+
+
+# --- precision --------------------------------------------------------------------------------------------------
+
+def _floor(flops, nbytes, peak, bandwidth):
+    return max(flops / peak if peak > 0 else 0.0, nbytes / bandwidth if bandwidth > 0 else 0.0)
+
+
+def precision_advice(records, ceilings, tf32_enabled=None):
+    """tf32 / bf16 advice for fp32 contractions, each op's time scaled by the ratio of roofline floors.
+
+    Overhead-regime ops are left out: a faster roof does not shorten a launch. TF32 is an NVIDIA
+    tensor-core mode, so on CPU only bf16 is considered (AMX and AVX512-BF16 machines)."""
+    if tf32_enabled is None:
+        tf32_enabled = torch.get_float32_matmul_precision() != "highest"
+    fp32_ops = [r for r in records if r.contraction and r.dtype == torch.float32 and r.flops > 0
+                and r.regime != "overhead"]
+    if not fp32_ops:
+        return []
+    current_key = "tf32" if tf32_enabled else "fp32"
+    current_rate = ceilings.matmul.get(current_key) or ceilings.vector_fp32
+    fp32_time = sum(r.time_s for r in fp32_ops)
+    candidates = [("tf32", 1.0, "torch.set_float32_matmul_precision(\"high\") (TF32 tensor cores, fp32 storage)")]
+    candidates.append(("bf16", 0.5, "torch.autocast(device_type, dtype=torch.bfloat16) (bf16 tensor cores, "
+                                    "half the bytes)"))
+    items = []
+    for key, byte_scale, how in candidates:
+        rate = ceilings.matmul.get(key) or 0.0
+        if key == current_key or rate < FASTER_MODE_MARGIN * current_rate or (key == "tf32" and ceilings.kind != "cuda"):
+            continue
+        new_time = 0.0
+        for r in fp32_ops:
+            old = _floor(r.flops, r.bytes, current_rate, ceilings.bandwidth)
+            new = _floor(r.flops, r.bytes * byte_scale, rate, ceilings.bandwidth)
+            new_time += r.time_s * (new / old if old > 0 else 1.0)
+        items.append(advice_item(
+            key,
+            f"{len(fp32_ops)} fp32 matmul-family ops (not launch-bound) take {fp32_time * 1e3:.3g} ms at {current_key} "
+            f"({current_rate / 1e12:.3g} TFLOP/s measured); {how} runs them at {rate / 1e12:.3g} TFLOP/s: "
+            f"predicted {new_time * 1e3:.3g} ms",
+            fp32_time - new_time,
+        ))
+    return items
+
+
+def advise(records, ceilings, split, wall_time_s, busy_time_s, tf32_enabled=None):
+    """All advice for one analyzed step, largest predicted saving first."""
+    fusion = fusion_advice(records, ceilings)
+    items = fusion + precision_advice(records, ceilings, tf32_enabled)
+    items += overhead_advice(records, split, wall_time_s, busy_time_s, ceilings.kind, fusion)
+    return sorted(items, key=lambda a: -a["predicted_saving_s"])

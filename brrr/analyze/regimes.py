@@ -1,0 +1,102 @@
+"""Stage 3 of the analyzer (capture -> time -> regimes -> advise -> report): place ops on the roofline.
+
+Every op gets a roofline floor, max(flops / peak, bytes / bandwidth), with the matmul peak of its dtype for
+contractions and the plain fp32 rate for everything else (Ceilings.roofline_time), and a regime:
+- "compute":   the FLOP roof is the higher of the two floors;
+- "bandwidth": the bytes roof is;
+- "overhead":  fixed cost dominates: no work at all, or a tiny op that finishes within a few launch
+               latencies while its floor is well under its measured time.
+The run is split into seconds of each regime that add up to the wall time (see `run_split`), and ops are
+grouped per module and per op class (the "% FLOPs vs % runtime" table of Data Movement Is All You Need).
+"""
+
+from brrr.cost.ops import OP_CLASSES
+
+REGIMES = ("compute", "bandwidth", "overhead")
+
+# An op is fixed-cost bound when it finishes within this many launch latencies...
+OVERHEAD_LATENCIES = 4.0
+# ...and its roofline floor is below this fraction of its measured time.
+OVERHEAD_FLOOR_FRACTION = 0.5
+
+
+def classify(flops, bytes, time_s, peak_flops, bandwidth, launch_latency):
+    """The regime of one op from plain numbers (FLOPs, bytes moved, measured seconds, the device's roofs)."""
+    compute_s = flops / peak_flops if peak_flops > 0 else 0.0
+    memory_s = bytes / bandwidth if bandwidth > 0 else 0.0
+    floor = max(compute_s, memory_s)
+    if floor <= 0:
+        return "overhead"  # no FLOPs, no bytes: views, metadata, empty tensors
+    tiny = time_s <= OVERHEAD_LATENCIES * launch_latency
+    if time_s > 0 and tiny and floor < OVERHEAD_FLOOR_FRACTION * time_s:
+        return "overhead"
+    return "compute" if compute_s >= memory_s else "bandwidth"
+
+
+def achieved_fraction(roofline_time_s, time_s):
+    """How close an op came to its roofline floor (1.0 = on the roof); None without a measured time."""
+    return roofline_time_s / time_s if time_s > 0 else None
+
+
+def place_ops(records, ceilings):
+    """Fill `roofline_time_s` and `regime` of every OpRecord from its FLOPs, bytes and measured time."""
+    for r in records:
+        peak = ceilings.peak_flops(r.dtype, contraction=r.contraction)
+        r.roofline_time_s = ceilings.roofline_time(r.flops, r.bytes, r.dtype, contraction=r.contraction)
+        r.regime = classify(r.flops, r.bytes, r.time_s, peak, ceilings.bandwidth, ceilings.launch_latency)
+    return records
+
+
+def dominant_regime(seconds_by_regime):
+    """The regime holding the most time; "overhead" when nothing took any time."""
+    best = max(REGIMES, key=lambda k: seconds_by_regime.get(k, 0.0))
+    return best if seconds_by_regime.get(best, 0.0) > 0 else "overhead"
+
+
+def run_split(records, wall_time_s, busy_time_s=None):
+    """Seconds of compute, bandwidth and overhead in the step; they add up to `wall_time_s`.
+
+    Op times come from the traced run, busy time from a plain one, so op times are first scaled to the busy
+    time (capped at the wall time). Compute and bandwidth are then the scaled time of ops in those regimes;
+    overhead is the rest: the device idling on the host (wall - busy) plus overhead-regime ops.
+    """
+    wall = max(wall_time_s, 0.0)
+    op_total = sum(r.time_s for r in records)
+    busy = op_total if busy_time_s is None else busy_time_s
+    busy = min(max(busy, 0.0), wall)
+    scale = busy / op_total if op_total > 0 else 0.0
+    split = {k: scale * sum(r.time_s for r in records if r.regime == k) for k in ("compute", "bandwidth")}
+    split["overhead"] = max(wall - split["compute"] - split["bandwidth"], 0.0)
+    return split
+
+
+def module_regimes(records):
+    """Per module path: op count, FLOPs, bytes, seconds, seconds per regime and the dominant regime."""
+    modules = {}
+    for r in records:
+        m = modules.setdefault(r.module, {"ops": 0, "flops": 0, "bytes": 0, "time_s": 0.0,
+                                          "seconds": dict.fromkeys(REGIMES, 0.0)})
+        m["ops"] += 1
+        m["flops"] += r.flops
+        m["bytes"] += r.bytes
+        m["time_s"] += r.time_s
+        m["seconds"][r.regime] += r.time_s
+    for m in modules.values():
+        m["regime"] = dominant_regime(m["seconds"])
+    return modules
+
+
+def op_class_table(records):
+    """Per op class: FLOPs, seconds, and their percentages of the step's totals (each column sums to 100)."""
+    total_flops = sum(r.flops for r in records)
+    total_time = sum(r.time_s for r in records)
+    table = {}
+    for cls in OP_CLASSES:
+        ops = [r for r in records if r.op_class == cls]
+        flops, seconds = sum(r.flops for r in ops), sum(r.time_s for r in ops)
+        table[cls] = {
+            "ops": len(ops), "flops": flops, "time_s": seconds,
+            "flops_pct": 100.0 * flops / total_flops if total_flops else 0.0,
+            "time_pct": 100.0 * seconds / total_time if total_time else 0.0,
+        }
+    return table

@@ -1,0 +1,92 @@
+"""The step being analyzed: one inference forward, or one forward+backward for `train=True`.
+
+Shared by every stage of the pipeline (capture -> time -> regimes -> advise -> report): capture and timing
+each run this same step, so the ops they see line up one to one. Also owns device resolution and the
+clear errors for bad input (no inputs, a model that raises, an output with nothing to differentiate).
+"""
+
+import torch
+
+from brrr.errors import BrrrError
+
+
+def tensors_in(value):
+    """Every tensor inside nested tuples/lists/dicts (HF ModelOutput is a dict), in order."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from tensors_in(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from tensors_in(v)
+
+
+def resolve_device(model, inputs, device=None):
+    """The device the step runs on: the inputs' device, else the model's, else cpu; `device` must agree."""
+    found = next((t.device for t in tensors_in(inputs)), None)
+    if found is None and isinstance(model, torch.nn.Module):
+        found = next((p.device for p in model.parameters()), None)
+    if device is None:
+        return found or torch.device("cpu")
+    device = torch.device(device)
+    if found is not None and found.type != device.type:
+        raise BrrrError(f"analyze(device={str(device)!r}) but the inputs are on {found}; move them first")
+    return found if found is not None and found.type == device.type else device
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def loss_of(output):
+    """A scalar to call backward on: HF `loss`, else `last_hidden_state.sum()`, else the sum of float outputs."""
+    if isinstance(output, dict):
+        for key in ("loss", "last_hidden_state"):
+            value = output.get(key)
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                return value if value.numel() == 1 else value.sum()
+    parts = [t.sum() for t in tensors_in(output) if t.is_floating_point() and t.requires_grad]
+    if not parts:
+        raise BrrrError("train=True needs a floating-point output that requires grad; the model returned none")
+    loss = parts[0]
+    for part in parts[1:]:
+        loss = loss + part
+    return loss
+
+
+class Step:
+    """Calls `model(*inputs)` (and backward when training) the same way every time it is run."""
+
+    def __init__(self, model, inputs, train=False):
+        if not callable(model):
+            raise BrrrError(f"analyze needs a callable model, got {type(model).__name__}")
+        if len(inputs) == 0:
+            raise BrrrError("analyze needs at least one example input: analyze(model, x, ...)")
+        self.model, self.inputs, self.train = model, tuple(inputs), train
+        params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+        self.grad_leaves = params + [t for t in tensors_in(self.inputs) if t.requires_grad and t.is_leaf]
+        self.output = None
+
+    def __call__(self):
+        try:
+            if not self.train:
+                with torch.no_grad():
+                    self.output = self.model(*self.inputs)
+                return self.output
+            for leaf in self.grad_leaves:
+                leaf.grad = None  # so every step runs the same ops (no gradient accumulation adds)
+            self.output = self.model(*self.inputs)
+            loss = loss_of(self.output)
+        except BrrrError:
+            raise
+        except Exception as e:
+            raise BrrrError(f"the model raised {type(e).__name__}: {e}") from e
+        if not loss.requires_grad:
+            raise BrrrError("train=True but the model's output does not require grad (no trainable parameters?)")
+        try:
+            loss.backward()
+        except Exception as e:
+            raise BrrrError(f"backward raised {type(e).__name__}: {e}") from e
+        return self.output

@@ -1,0 +1,126 @@
+"""Stage 2 of the analyzer (capture -> time -> regimes -> advise -> report): how long things take.
+
+Three measurements of the same step:
+- per-op time: the step runs under capture's tracer with a `brrr#<index>` profiler range around each op;
+  on CUDA an op's time is the device time of the kernels launched inside its range (the profiler links
+  kernels to the op that launched them), on CPU the host time of the range.
+- wall time: a plain step (no tracer, no profiler), warmed up, synchronized, median of several runs.
+- device busy time: a plain profiled step; on CUDA the union of kernel intervals, on CPU the summed time
+  of the top-level ATen ops. Wall minus busy is time the device waited on the host (overhead).
+"""
+
+import statistics
+import time
+import warnings
+from contextlib import contextmanager
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from brrr.analyze.capture import RANGE_PREFIX
+from brrr.analyze.step import synchronize
+
+STEP_RANGE = "brrr-step"
+
+
+@contextmanager
+def profiled(device, warm_up=True):
+    """A torch.profiler session over CPU (and CUDA when the step runs there); yields the profiler.
+
+    The first op in a fresh session runs slow (seen: the first matmul at twice its time on an H100), so by
+    default one tiny op runs first, outside any op range, to take that cost.
+    """
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    synchronize(device)
+    with warnings.catch_warnings():
+        # torch 2.11 warns that a profiler keeps only its last cycle's events; one cycle is all we use
+        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+        with profile(activities=activities) as prof:
+            if warm_up:
+                torch.zeros(1, device=device).add_(1)
+                synchronize(device)
+            yield prof
+            synchronize(device)
+
+
+def _device_time_us(event):
+    # device_time_total exists in torch >= 2.4; cuda_time_total is its deprecated older name
+    value = getattr(event, "device_time_total", None)
+    return value if value is not None else event.cuda_time_total
+
+
+def op_times(prof, count, device):
+    """Seconds per op index from the `brrr#<index>` ranges of a profiled tracer run (0 where none)."""
+    times = [0.0] * count
+    for event in prof.events():
+        if event.device_type != DeviceType.CPU or not event.name.startswith(RANGE_PREFIX):
+            continue
+        index = int(event.name[len(RANGE_PREFIX):])
+        if index < count:
+            micros = _device_time_us(event) if device.type == "cuda" else event.cpu_time_total
+            times[index] = micros / 1e6
+    return times
+
+
+def median_times(runs):
+    """Element-wise median over equally long lists of per-op times."""
+    return [statistics.median(values) for values in zip(*runs)]
+
+
+def wall_time(step, device, warmup=2, min_runs=3, max_runs=25, budget_s=0.5):
+    """Median seconds of a plain step, as many runs as fit in `budget_s` (within [min_runs, max_runs])."""
+    for _ in range(warmup):
+        step()
+    synchronize(device)
+    samples = []
+    deadline = time.perf_counter() + budget_s
+    while len(samples) < min_runs or (len(samples) < max_runs and time.perf_counter() < deadline):
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def union_seconds(intervals):
+    """Total length covered by (start, end) intervals, overlaps counted once."""
+    total, reach = 0.0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+def _is_top_level_aten(event):
+    if not event.name.startswith("aten::"):
+        return False
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            return False
+        parent = parent.cpu_parent
+    return True
+
+
+def device_busy_time(step, device):
+    """Seconds the device spends running ops in one plain profiled step (the warm-up op left out)."""
+    with profiled(device) as prof:
+        with torch.profiler.record_function(STEP_RANGE):
+            step()
+    events = prof.events()
+    marks = [e for e in events if e.name == STEP_RANGE and e.device_type == DeviceType.CPU]
+    start, end = marks[0].time_range.start, marks[0].time_range.end
+    if device.type == "cuda":
+        kernels = [e for e in events if e.device_type == DeviceType.CUDA and e.time_range.start >= start
+                   and not getattr(e, "is_user_annotation", False) and e.name != STEP_RANGE]
+        return union_seconds((e.time_range.start, e.time_range.end) for e in kernels) / 1e6
+    ops = [e for e in events if e.device_type == DeviceType.CPU and _is_top_level_aten(e)
+           and start <= e.time_range.start <= end]
+    return sum(e.cpu_time_total for e in ops) / 1e6
