@@ -63,6 +63,12 @@ def main():
     start = time.perf_counter()
     analysis = brrr.analyze(model, *inputs)
     analyze_s = time.perf_counter() - start
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.runcall(brrr.analyze, model, *inputs)  # where an analysis spends its time, for the notes
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
     analysis.print(console)
     analysis.save_json(os.path.join(args.out, "bert-base-bf16-analysis.json"))
     analysis.save_png(os.path.join(args.out, "bert-base-bf16-roofline.png"))

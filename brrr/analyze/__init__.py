@@ -9,6 +9,7 @@ The pipeline, one module per stage:
     report.py    terminal, JSON, roofline PNG and HTML renderings of the Analysis (analysis.py)
 """
 
+import statistics
 import sys
 import types
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ import torch
 from brrr.analyze.analysis import Analysis
 from brrr.analyze.capture import OpRecord, capture, trace_names
 from brrr.analyze.step import Step, resolve_device
-from brrr.analyze.timing import device_busy_time, median_times, op_times, profiled, wall_time
+from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, op_times, profiled, wall_time
 
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
@@ -53,15 +54,27 @@ def _tf32_enabled(device):
     return device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
 
 
-def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=None, profile_runs=3):
+def _profiled_times(prof, count, device):
+    """(per-op seconds, busy seconds or None) of one profiled tracer run."""
+    if device.type == "cuda":
+        fast = cuda_op_times(prof, count)
+        if fast is not None:
+            return fast
+    return op_times(prof, count, device), None
+
+
+def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=None, profile_runs=None):
     """Capture, time and classify every op of one step of `model(*inputs)`; returns an Analysis.
 
     train: a forward+backward step instead of inference.  device: where the step runs (default: the
     inputs' device).  ceilings: a Ceilings to use instead of the measured/cached ones of `device`.
-    profile_runs: profiled steps whose per-op times are combined by median.
+    profile_runs: profiled steps whose per-op times are combined by median (default: 1 on CUDA, where
+    kernel times repeat closely, 3 on CPU, where host times are noisy).
     """
     step = Step(model, inputs, train)
     device = resolve_device(model, inputs, device)
+    if profile_runs is None:
+        profile_runs = 1 if device.type == "cuda" else 3
     if ceilings is None:
         from brrr.cost.device import get_ceilings
 
@@ -72,20 +85,26 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         with profiled(device) as prof:
             records = capture(step)
         names = [r.name for r in records]
-        runs = [op_times(prof, len(records), device)]
+        runs, busys = zip(*[_profiled_times(prof, len(records), device)])
+        runs, busys = list(runs), list(busys)
 
         stage("profile")
         for _ in range(profile_runs - 1):
             with profiled(device) as prof:
                 run_names = trace_names(step)
             if run_names == names:  # a step whose ops differ run to run keeps only the captured timing
-                runs.append(op_times(prof, len(records), device))
+                times, busy = _profiled_times(prof, len(records), device)
+                runs.append(times)
+                busys.append(busy)
         for record, seconds in zip(records, median_times(runs)):
             record.time_s = seconds
 
         stage("wall time")
         wall = wall_time(step, device)
-        busy = device_busy_time(step, device)
+        if None in busys:
+            busy = device_busy_time(step, device)
+        else:
+            busy = statistics.median(busys)
 
         stage("classify")
         return Analysis.from_measurements(records, ceilings, wall, busy, train=train,

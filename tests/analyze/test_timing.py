@@ -32,3 +32,59 @@ def test_every_op_of_a_cpu_step_gets_a_host_time():
     assert 0 < busy and 0 < wall
     # the matmul (2.1 GFLOP) dominates the step; relu and sum touch 4 MB each
     assert times[0] > times[1] and times[0] > times[2]
+
+
+class FakeKinetoEvent:
+    """The few accessors of torch's _KinetoEvent that cuda_op_times reads."""
+
+    def __init__(self, name, device_type, start, end, correlation=0, annotation=False):
+        self._v = (name, device_type, start, end, correlation, annotation)
+
+    def name(self): return self._v[0]
+    def device_type(self): return self._v[1]
+    def start_ns(self): return self._v[2]
+    def end_ns(self): return self._v[3]
+    def duration_ns(self): return self._v[3] - self._v[2]
+    def correlation_id(self): return self._v[4]
+    def is_user_annotation(self): return self._v[5]
+
+
+def fake_profile(events):
+    from types import SimpleNamespace
+
+    results = SimpleNamespace(events=lambda: events)
+    return SimpleNamespace(profiler=SimpleNamespace(kineto_results=results))
+
+
+def test_cuda_kernels_are_attributed_to_the_range_that_launched_them():
+    from torch.autograd import DeviceType
+
+    from brrr.analyze.timing import cuda_op_times
+
+    cpu, gpu = DeviceType.CPU, DeviceType.CUDA
+    events = [
+        FakeKinetoEvent("cudaLaunchKernel", cpu, 5, 6, correlation=900),  # the profiler's warm-up op
+        FakeKinetoEvent("brrr#0", cpu, 10, 20), FakeKinetoEvent("aten::mm", cpu, 11, 19, correlation=7),
+        FakeKinetoEvent("cudaLaunchKernel", cpu, 12, 13, correlation=901),
+        FakeKinetoEvent("brrr#1", cpu, 30, 40),
+        FakeKinetoEvent("cuLaunchKernelEx", cpu, 31, 32, correlation=902),
+        FakeKinetoEvent("cudaMemsetAsync", cpu, 33, 34, correlation=903),
+        FakeKinetoEvent("brrr#1", gpu, 0, 10_000, annotation=True),  # GPU-side annotation: not a kernel
+        FakeKinetoEvent("warmup_kernel", gpu, 100, 110, correlation=900),
+        FakeKinetoEvent("gemm", gpu, 200, 1200, correlation=901),
+        FakeKinetoEvent("gelu", gpu, 1100, 1500, correlation=902),  # overlaps gemm: busy counts it once
+        FakeKinetoEvent("memset", gpu, 1500, 1600, correlation=903),
+    ]
+    times, busy = cuda_op_times(fake_profile(events), count=2)
+    assert times == [1000 / 1e9, (400 + 100) / 1e9]
+    assert busy == (1600 - 200) / 1e9
+
+
+def test_unlinkable_kernels_fall_back():
+    from torch.autograd import DeviceType
+
+    from brrr.analyze.timing import cuda_op_times
+
+    events = [FakeKinetoEvent("brrr#0", DeviceType.CPU, 10, 20),
+              FakeKinetoEvent("gemm", DeviceType.CUDA, 200, 1200, correlation=5)]
+    assert cuda_op_times(fake_profile(events), count=1) is None
