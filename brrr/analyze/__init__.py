@@ -10,13 +10,12 @@ The pipeline, one module per stage:
 """
 
 import statistics
-import sys
-import types
 from contextlib import contextmanager
 
 import torch
 
 from brrr.analyze.analysis import Analysis
+from brrr.callable_package import make_callable
 from brrr.analyze.capture import OpRecord, capture, trace_names
 from brrr.analyze.step import Step, resolve_device
 from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, op_times, profiled, wall_time
@@ -111,12 +110,4 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
                                           tf32_enabled=_tf32_enabled(device))
 
 
-class _CallableModule(types.ModuleType):
-    """Importing this package rebinds `brrr.analyze` (a function in brrr/__init__.py) to the package itself;
-    making the package callable keeps `brrr.analyze(model, x)` working either way."""
-
-    def __call__(self, *args, **kwargs):
-        return analyze(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_callable(__name__, analyze)

@@ -8,26 +8,11 @@ forward+backward), backends (name -> compiled callable), runner (bench itself), 
 micro (the suite's memory-bound micro-benchmarks with their ideal bytes and FLOPs).
 """
 
+from brrr.callable_package import make_callable
 from brrr.bench.result import BenchResult, BenchRow
 from brrr.bench.runner import DEFAULT_BACKENDS, bench
 
 __all__ = ["bench", "BenchResult", "BenchRow", "DEFAULT_BACKENDS"]
 
 
-def _make_module_callable():
-    """`brrr.bench(...)` keeps working after this package is imported.
-
-    Importing the subpackage `brrr.bench` replaces the `brrr.bench` function of brrr/__init__.py with this
-    module (Python sets the attribute on import); a callable module makes both spellings the same call.
-    """
-    import sys
-    import types
-
-    class _CallableModule(types.ModuleType):
-        def __call__(self, *args, **kwargs):
-            return bench(*args, **kwargs)
-
-    sys.modules[__name__].__class__ = _CallableModule
-
-
-_make_module_callable()
+make_callable(__name__, bench)
