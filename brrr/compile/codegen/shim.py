@@ -1,0 +1,74 @@
+"""Math shim for generated kernels (codegen helper): one source for the GPU and the Triton interpreter.
+
+`tl.math` has exp/log/sin/cos/sqrt/rsqrt/erf/floor/ceil in both triton 3.6 and 3.9 and in the interpreter;
+tanh, pow and a few more are not portable (libdevice is GPU-only), so they are written here as small
+@triton.jit functions from portable primitives. Codegen copies only the helpers a kernel uses into its module.
+"""
+
+HELPERS = {
+    "tanh": '''
+@triton.jit
+def tanh(x):
+    # stable for large |x|: tanh(x) = sign(x) * (1 - e) / (1 + e), e = exp(-2|x|)
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+''',
+    "pow": '''
+@triton.jit
+def pow(x, y):
+    # x ** y for float tensors, with torch's signs for negative bases and integral exponents
+    r = tl.exp2(y * tl.log2(tl.abs(x)))
+    y_int = tl.math.floor(y) == y
+    y_odd = y_int & ((tl.math.floor(y * 0.5) * 2.0) != y)
+    r = tl.where((x < 0) & y_odd, -r, r)
+    r = tl.where((x < 0) & (~y_int), float("nan"), r)
+    r = tl.where(y == 0, 1.0, r)
+    return r
+''',
+    "round_half_even": '''
+@triton.jit
+def round_half_even(x):
+    r = tl.math.floor(x + 0.5)
+    tie = (r - x) == 0.5
+    odd = (tl.math.floor(r * 0.5) * 2.0) != r
+    return tl.where(tie & odd, r - 1.0, r)
+''',
+    "trunc": '''
+@triton.jit
+def trunc(x):
+    return tl.where(x < 0, tl.math.ceil(x), tl.math.floor(x))
+''',
+    "prod_combine": '''
+@triton.jit
+def prod_combine(a, b):
+    return a * b
+''',
+    "expm1": '''
+@triton.jit
+def expm1(x):
+    small = tl.abs(x) < 1e-5
+    return tl.where(small, x + 0.5 * x * x, tl.exp(x) - 1.0)
+''',
+    "log1p": '''
+@triton.jit
+def log1p(x):
+    small = tl.abs(x) < 1e-4
+    return tl.where(small, x - 0.5 * x * x + x * x * x / 3.0, tl.log(1.0 + x))
+''',
+    "floordiv_int": '''
+@triton.jit
+def floordiv_int(a, b):
+    q = a // b
+    return tl.where(((a % b) != 0) & ((a < 0) != (b < 0)), q - 1, q)
+''',
+    "remainder_int": '''
+@triton.jit
+def remainder_int(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+''',
+}
+
+def prelude(used):
+    return "".join(HELPERS[name] for name in sorted(used))

@@ -1,0 +1,473 @@
+"""Kernel -> Triton source (schedule -> **codegen** -> runtime).
+
+Three shapes of kernel: pointwise (1-D `xindex` blocks), persistent reduction (a [XBLOCK, RBLOCK] tile holds whole
+rows: load once, reduce, run the epilogue from registers) and looped reduction (one pass over the row per
+dependency level of its reductions, then one more for full-size epilogue outputs). Sizes and strides are static
+and baked into the source, so every index is a constant expression of `xindex`/`rindex`. Values are computed in
+fp32 for fp16/bf16 and rounded once on store; indices are int32 unless an offset can pass 2**31.
+"""
+
+import math
+
+import torch
+
+from brrr.compile import ir
+from brrr.compile.codegen.shim import prelude
+from brrr.compile.indexing import Ix, Opaque, linear
+
+PERSISTENT_MAX = 16384      # reduced elements per row held in registers at once
+LOOPED_RBLOCK = 2048        # elements per step of a looped (long-row) reduction
+TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
+      torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
+      torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
+
+
+def compute_dtype(dt):
+    return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+
+
+def next_pow2(n):
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+class KernelSource:
+    """the generated module for one kernel and what the runtime needs to launch it."""
+
+    def __init__(self, name, source, args, grid, meta, ops, bytes_moved, stores):
+        self.name, self.source, self.args, self.grid, self.meta = name, source, args, grid, meta
+        self.ops, self.bytes, self.stores = ops, bytes_moved, stores
+
+
+class Scope:
+    def __init__(self, parent=None, indent="    "):
+        self.lines, self.indent = [], indent
+        self.cache = dict(parent.cache) if parent else {}
+        self.rdep = dict(parent.rdep) if parent else {}
+
+
+class Codegen:
+    def __init__(self, kernel, stored, load_stored, kernel_of):
+        self.k = kernel
+        self.stored = stored                 # nodes written to memory (by any kernel)
+        self.load_stored = load_stored       # stored nodes produced by earlier kernels: load, don't recompute
+        self.kernel_of = kernel_of
+        self.inputs, self.outputs = {}, {}   # node -> pointer arg name
+        self.helpers = set()
+        self.counter = 0
+        self.red_result = {}                 # in-kernel reduction -> tmp name (row-level)
+        self.external_reduce_refs = set()    # reductions of other kernels this one loads
+        self.ops = set()
+        self.int64 = False
+
+    # ------------------------------------------------------------------ values
+    def tmp(self, scope, expr, rdep):
+        if expr in scope.cache:
+            return scope.cache[expr]
+        self.counter += 1
+        name = f"tmp{self.counter}"
+        scope.lines.append(f"{scope.indent}{name} = {expr}")
+        scope.cache[expr] = name
+        scope.rdep[name] = rdep
+        return name
+
+    def ptr(self, node, table, prefix):
+        if node not in table:
+            table[node] = f"{prefix}{len(table)}"
+        return table[node]
+
+    def index(self, scope, ix):
+        """rendered index and whether it depends on rindex."""
+        rdep = [False]
+
+        def name_of(b):
+            if isinstance(b, Opaque):
+                return "(" + b.ix.render(name_of) + ")"
+            n, r = self.value(scope, b)
+            rdep[0] |= r
+            return n
+        s = ix.render(name_of)
+        rdep[0] |= any(isinstance(b, str) and "rindex" in b for b in ix.bases())
+        return s, rdep[0]
+
+    def mask_for(self, rdep):
+        if not self.k.dims:
+            return "xmask"
+        return "xmask & rmask" if rdep else "xmask"
+
+    def value(self, scope, v):
+        """(name or literal, depends-on-rindex) of Value v, emitting lines into scope."""
+        if isinstance(v, ir.Const):
+            return literal(v.value, v.dtype), False
+        if isinstance(v, ir.ReduceRef):
+            r = v.node
+            if r in self.red_result and linear(v.idx, ir.contiguous(r.shape)) == Ix.var("xindex", self.k.xnumel()):
+                return self.red_result[r], False
+            if r not in self.kernel_of:
+                raise RuntimeError(f"reduction {r.name} is read but never scheduled")
+            self.external_reduce_refs.add(r)
+            return self.value(scope, ir.Load(r, linear(v.idx, r.stride), r.dtype, v.mask))
+        if isinstance(v, ir.Load):
+            idx, rdep = self.index(scope, v.index)
+            mask = self.mask_for(rdep)
+            if v.mask is not None:
+                m, mr = self.value(scope, v.mask)
+                rdep |= mr
+                mask = f"{self.mask_for(rdep)} & ({m})"
+            p = self.ptr(v.buf, self.inputs, "in_ptr")
+            if "xindex" not in idx and "rindex" not in idx and not any(not isinstance(b, str) for b in v.index.bases()):
+                idx = f"{idx} + xindex * 0"   # a scalar: broadcast it to the block so the mask applies
+            expr = f"tl.load({p} + ({idx}), {mask}, other=0)"
+            cdt = compute_dtype(v.dtype)
+            if cdt != v.dtype:
+                expr += f".to({TL[cdt]})"
+            return self.tmp(scope, expr, rdep), rdep
+        if isinstance(v, ir.IndexValue):
+            idx, rdep = self.index(scope, v.index)
+            return self.tmp(scope, f"({idx})", rdep), rdep
+        if isinstance(v, ir.Rand):
+            seed = self.ptr(v.seed_buf, self.inputs, "in_ptr")
+            off, rdep = self.index(scope, v.offset)
+            s = self.tmp(scope, f"tl.load({seed})", False)
+            return self.tmp(scope, f"tl.rand({s}.to(tl.uint32), ({off}).to(tl.uint32))", rdep), rdep
+        if isinstance(v, ir.Op):
+            args = [self.value(scope, a) for a in v.args]
+            rdep = any(r for _, r in args)
+            expr = self.op(v, [a for a, _ in args], [a.dtype for a in v.args])
+            if any(expr == a for a, _ in args):   # a cast that changes nothing in registers
+                return expr, rdep
+            return self.tmp(scope, expr, rdep), rdep
+        raise TypeError(f"cannot render {v!r}")
+
+    def op(self, v, a, dts):
+        cdt = compute_dtype(v.dtype)
+        is_float = cdt.is_floating_point
+        n = v.name
+        simple = {"add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "neg": "-{0}",
+                  "eq": "{0} == {1}", "ne": "{0} != {1}", "lt": "{0} < {1}", "le": "{0} <= {1}",
+                  "gt": "{0} > {1}", "ge": "{0} >= {1}", "and": "{0} & {1}", "or": "{0} | {1}", "xor": "{0} ^ {1}",
+                  "where": "tl.where({0}, {1}, {2})", "abs": "tl.abs({0})", "exp": "tl.exp({0})",
+                  "exp2": "tl.exp2({0})", "log": "tl.log({0})", "log2": "tl.log2({0})",
+                  "log10": "tl.log({0}) * 0.4342944819032518", "sqrt": "tl.sqrt({0})", "rsqrt": "tl.rsqrt({0})",
+                  "sin": "tl.sin({0})", "cos": "tl.cos({0})", "tan": "tl.sin({0}) / tl.cos({0})",
+                  "sigmoid": "tl.sigmoid({0})", "erf": "tl.math.erf({0})", "erfc": "1.0 - tl.math.erf({0})",
+                  "relu": "tl.where({0} < 0, 0, {0})", "reciprocal": "1.0 / {0}",
+                  "floor": "tl.math.floor({0})", "ceil": "tl.math.ceil({0})",
+                  "silu": "{0} * tl.sigmoid({0})", "square": "{0} * {0}",
+                  "gelu": "0.5 * {0} * (1.0 + tl.math.erf({0} * 0.7071067811865476))",
+                  "sinh": "0.5 * (tl.exp({0}) - tl.exp(-{0}))", "cosh": "0.5 * (tl.exp({0}) + tl.exp(-{0}))",
+                  "isnan": "{0} != {0}", "logical_not": "{0} == 0",
+                  "sign": "tl.where({0} > 0, 1, tl.where({0} < 0, -1, 0))"}
+        if n in ("floor", "ceil", "trunc", "round") and not is_float:
+            return a[0]
+        if n in simple:
+            if n == "sign" and is_float:
+                return f"tl.where({a[0]} > 0, 1.0, tl.where({a[0]} < 0, -1.0, {a[0]} * 0.0))"
+            return simple[n].format(*a)
+        if n == "div":
+            return f"{a[0]} / {a[1]}"
+        if n in ("maximum", "minimum"):
+            fn = "tl.maximum" if n == "maximum" else "tl.minimum"
+            return f"{fn}({a[0]}, {a[1]}, propagate_nan=tl.PropagateNan.ALL)" if is_float else f"{fn}({a[0]}, {a[1]})"
+        if n in ("tanh", "expm1", "log1p", "trunc"):
+            self.helpers.add(n)
+            return f"{n}({a[0]})"
+        if n == "gelu_tanh":
+            self.helpers.add("tanh")
+            x = a[0]
+            return f"0.5 * {x} * (1.0 + tanh(0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})))"
+        if n == "round":
+            self.helpers.add("round_half_even")
+            return f"round_half_even({a[0]})"
+        if n == "frac":
+            self.helpers.add("trunc")
+            return f"{a[0]} - trunc({a[0]})"
+        if n == "isinf":
+            return f"tl.abs({a[0]}) == float('inf')"
+        if n == "bitwise_not":
+            return f"{a[0]} == 0" if dts[0] == torch.bool else f"~{a[0]}"
+        if n in ("floordiv", "truncdiv", "remainder", "fmod"):
+            if is_float:
+                self.helpers.add("trunc")
+                return {"floordiv": "tl.math.floor({0} / {1})", "truncdiv": "trunc({0} / {1})",
+                        "remainder": "{0} - tl.math.floor({0} / {1}) * {1}",
+                        "fmod": "{0} - trunc({0} / {1}) * {1}"}[n].format(*a)
+            if n in ("floordiv", "remainder"):
+                h = "floordiv_int" if n == "floordiv" else "remainder_int"
+                self.helpers.add(h)
+                return f"{h}({a[0]}, {a[1]})"
+            return f"{a[0]} // {a[1]}" if n == "truncdiv" else f"{a[0]} % {a[1]}"
+        if n == "pow":
+            if not is_float:
+                raise NotImplementedError("integer pow")
+            self.helpers.add("pow")
+            return f"pow({a[0]}, {a[1]})"
+        if n == "pow_scalar":
+            e = float(v.args[1].value)
+            x = a[0]
+            if e == int(e) and 0 <= e <= 4:
+                return " * ".join([x] * int(e)) if e else "1.0"
+            if e == 0.5:
+                return f"tl.sqrt({x})"
+            if e == -0.5:
+                return f"tl.rsqrt({x})"
+            if e == -1:
+                return f"1.0 / {x}"
+            if e == -2:
+                return f"1.0 / ({x} * {x})"
+            if not is_float:
+                raise NotImplementedError("integer pow")
+            self.helpers.add("pow")
+            return f"pow({x}, {literal(e, torch.float32)})"
+        if n == "cast":
+            src = compute_dtype(dts[0])
+            if cdt == torch.bool:
+                return f"{a[0]} != 0"
+            return a[0] if src == cdt else f"tl.cast({a[0]}, {TL[cdt]})"
+        if n == "round_to":
+            return f"tl.cast(tl.cast({a[0]}, {TL[v.dtype]}), tl.float32)"
+        raise NotImplementedError(f"op {n}")
+
+    # ------------------------------------------------------------------ kernel
+    def store(self, scope, node, idx, value):
+        name, rdep = value
+        target = node.meta.get("atomic_into")
+        if target is not None:   # index_put(accumulate=True): add into the target buffer at a computed index
+            p = self.ptr(target, self.outputs, "out_ptr")
+            off, _ = self.index(scope, linear(node.meta["atomic_index"](idx), target.stride, 0))
+            scope.lines.append(f"{scope.indent}tl.atomic_add({p} + ({off}), {name}, {self.mask_for(False)})")
+            return
+        p = self.ptr(node, self.outputs, "out_ptr")
+        off, ordep = self.index(scope, linear(idx, node.stride, 0))
+        if "xindex" not in off and "rindex" not in off:
+            off = f"{off} + xindex * 0"   # a 0-d output: give the pointer the block's shape
+        val = name
+        if node.dtype != compute_dtype(node.dtype) or node.dtype == torch.bool:
+            val = f"tl.cast({name}, {TL[node.dtype]})" if node.dtype != torch.bool else f"({name}) != 0"
+            if name in ("True", "False"):
+                val = name
+        scope.lines.append(f"{scope.indent}tl.store({p} + ({off}), {val}, {self.mask_for(ordep)})")
+
+    def reduce_expr(self, r, acc, final):
+        """the tl reduction of an [XBLOCK, RBLOCK] tile; `final` keeps a [XBLOCK, 1] result."""
+        if r.rtype == "sum":
+            e = f"tl.sum({acc}, 1)"
+        elif r.rtype in ("max", "min"):
+            e = f"tl.{r.rtype}({acc}, 1)"
+        elif r.rtype == "prod":
+            self.helpers.add("prod_combine")
+            e = f"tl.reduce({acc}, 1, prod_combine)"
+        else:
+            e = f"tl.{r.rtype}({acc}, 1)"
+        return f"{e}[:, None]"
+
+    def identity(self, r):
+        acc = r.meta.get("acc_dtype", r.dtype)
+        acc = compute_dtype(acc)
+        if r.rtype in ("sum",):
+            return "0"
+        if r.rtype == "prod":
+            return "1"
+        big = "float('inf')" if acc.is_floating_point or r.rtype.startswith("arg") else str(
+            torch.iinfo(acc).max if acc != torch.bool else 1)
+        small = "float('-inf')" if acc.is_floating_point or r.rtype.startswith("arg") else str(
+            torch.iinfo(acc).min if acc != torch.bool else 0)
+        return big if r.rtype in ("min", "argmin") else small
+
+    def reduction_input(self, scope, r):
+        name, _ = self.value(scope, r.body(self.k.full_index()))
+        acc = compute_dtype(r.meta.get("acc_dtype", r.dtype))
+        if acc == torch.bool:
+            name = self.tmp(scope, f"tl.cast({name}, tl.int32)", True)
+        return self.tmp(scope, f"tl.where(xmask & rmask, {name}, {self.identity(r)})", True)
+
+    def finish_reduction(self, scope, r, reduced):
+        acc = compute_dtype(r.meta.get("acc_dtype", r.dtype))
+        if acc == torch.bool:
+            reduced = f"({reduced}) != 0"
+        self.red_result[r] = self.tmp(scope, reduced, False)
+
+    def generate(self):
+        k = self.k
+        roots = list(k.roots)
+        reds = [r for r in roots if r.kind == "reduction"]
+        self.ops_nodes.update(reds)
+        ir._RECORD.append(self.ops_nodes)
+        try:
+            body, meta = (self.gen_pointwise(roots) if not k.dims else self.gen_reduction(roots, reds))
+        finally:
+            ir._RECORD.pop()
+        return body, meta
+
+    ops_nodes = None
+
+    def gen_pointwise(self, roots):
+        k = self.k
+        n = k.xnumel()
+        xblock = min(1024 if n < (1 << 22) else 2048, next_pow2(n))
+        warps = 4 if xblock <= 1024 else 8
+        s = Scope()
+        idx = k.full_index()
+        for r in roots:
+            self.store(s, r, idx, self.value(s, r(idx)))
+        head = [f"    xnumel = {n}",
+                f"    xoffset = tl.program_id(0){'.to(tl.int64)' if self.int64 else ''} * XBLOCK",
+                "    xindex = xoffset + tl.arange(0, XBLOCK)",
+                "    xmask = xindex < xnumel"]
+        return head + s.lines, dict(XBLOCK=xblock, num_warps=warps, grid=(math.ceil(n / xblock),))
+
+    def gen_reduction(self, roots, reds):
+        k = self.k
+        X, R = k.xnumel(), k.rnumel()
+        rblock = next_pow2(max(R, 1))
+        inner_kept = (len(k.shape) - 1) not in k.dims and k.shape[-1] > 1
+        persistent = rblock <= PERSISTENT_MAX and not (inner_kept and rblock > 64)
+        if any(r.rtype.startswith("arg") for r in reds):
+            persistent = True
+        if persistent:
+            xblock = max(1, min(next_pow2(X), max(1, 4096 // rblock), 64 if inner_kept else 4096))
+        else:
+            rblock = 32 if inner_kept else LOOPED_RBLOCK
+            xblock = 64 if inner_kept else 1
+        tile = xblock * rblock
+        warps = 2 if tile <= 256 else 4 if tile <= 2048 else 8 if tile <= 8192 else 16
+        i64 = ".to(tl.int64)" if self.int64 else ""
+        head = [f"    xnumel = {X}", f"    rnumel = {R}",
+                f"    xoffset = tl.program_id(0){i64} * XBLOCK",
+                "    xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
+                "    xmask = xindex < xnumel"]
+        full_idx = k.full_index()
+        rows = [r for r in roots if r.kind == "pointwise" and k.is_row(r)]
+        fulls = [r for r in roots if r.kind == "pointwise" and not k.is_row(r)]
+        s = Scope()
+        if R == 0:   # empty rows: every reduction is its identity, and full-size outputs are empty
+            for r in reds:
+                cdt = compute_dtype(r.meta.get("acc_dtype", r.dtype))
+                ident = self.identity(r) if cdt != torch.bool else ("1" if r.rtype == "min" else "0")
+                self.finish_reduction(s, r, f"tl.full([XBLOCK, 1], {ident}, {TL[torch.int32 if cdt == torch.bool else cdt]})")
+            self.store_rows_and_reductions(s, reds, rows)
+            return head + s.lines, dict(XBLOCK=xblock, RBLOCK=1, num_warps=warps, grid=(math.ceil(X / xblock),))
+        if persistent:
+            s.lines.append("    rindex = tl.arange(0, RBLOCK)[None, :]")
+            s.lines.append("    rmask = rindex < rnumel")
+            for r in reds:
+                t = self.reduction_input(s, r)
+                self.finish_reduction(s, r, self.reduce_expr(r, t, True))
+            self.store_rows_and_reductions(s, reds, rows)
+            for r in fulls:
+                self.store(s, r, full_idx, self.value(s, r(full_idx)))
+            return head + s.lines, dict(XBLOCK=xblock, RBLOCK=rblock, num_warps=warps,
+                                        grid=(math.ceil(X / xblock),))
+        levels = self.levels(reds)
+        for lvl in sorted(set(levels.values())):
+            group = [r for r in reds if levels[r] == lvl]
+            accs = []
+            for r in group:
+                self.counter += 1
+                acc = f"acc{self.counter}"
+                cdt = compute_dtype(r.meta.get("acc_dtype", r.dtype))
+                cdt = torch.int32 if cdt == torch.bool else cdt
+                s.lines.append(f"    {acc} = tl.full([XBLOCK, RBLOCK], {self.identity(r)}, {TL[cdt]})")
+                accs.append(acc)
+            loop = self.loop(s)
+            for r, acc in zip(group, accs):
+                t = self.reduction_input(loop, r)
+                comb = {"sum": f"{acc} + {t}", "prod": f"{acc} * {t}",
+                        "max": f"tl.maximum({acc}, {t})", "min": f"tl.minimum({acc}, {t})"}[r.rtype]
+                loop.lines.append(f"        {acc} = {comb}")
+            s.lines.extend(loop.lines)
+            for r, acc in zip(group, accs):
+                self.finish_reduction(s, r, self.reduce_expr(r, acc, True))
+        self.store_rows_and_reductions(s, reds, rows)
+        if fulls:
+            loop = self.loop(s)
+            for r in fulls:
+                self.store(loop, r, full_idx, self.value(loop, r(full_idx)))
+            s.lines.extend(loop.lines)
+        return head + s.lines, dict(XBLOCK=xblock, RBLOCK=rblock, num_warps=warps, grid=(math.ceil(X / xblock),))
+
+    def loop(self, s):
+        loop = Scope(s, "        ")
+        loop.lines += ["    for roffset in range(0, rnumel, RBLOCK):",
+                       "        rindex = roffset + tl.arange(0, RBLOCK)[None, :]",
+                       "        rmask = rindex < rnumel"]
+        return loop
+
+    def store_rows_and_reductions(self, s, reds, rows):
+        row_idx = None
+        for r in reds:
+            if r in self.stored:
+                ridx = self.k.row_index(r.shape)
+                self.store(s, r, ridx, (self.red_result[r], False))
+        for r in rows:
+            row_idx = self.k.row_index(r.shape)
+            self.store(s, r, row_idx, self.value(s, r(row_idx)))
+
+    def levels(self, reds):
+        out = {}
+        full = self.k.full_index()
+        for r in reds:
+            lvl = 0
+            for v in ir.walk(r.body(full)):
+                if isinstance(v, ir.ReduceRef) and v.node in out:
+                    lvl = max(lvl, out[v.node] + 1)
+            out[r] = lvl
+        return out
+
+
+def literal(x, dtype):
+    if isinstance(x, bool) or dtype == torch.bool:
+        return "True" if x else "False"
+    if dtype.is_floating_point:
+        x = float(x)
+        if math.isnan(x):
+            return "float('nan')"
+        if math.isinf(x):
+            return "float('inf')" if x > 0 else "float('-inf')"
+        return repr(x)
+    return str(int(x))
+
+
+def generate(kernel, stored, load_stored, kernel_of):
+    """Triton source for `kernel`; returns KernelSource (args: nodes in pointer order)."""
+    cg = Codegen(kernel, stored, load_stored, kernel_of)
+    cg.ops_nodes = set()
+    prev = ir.LOAD_STORED
+    ir.LOAD_STORED = load_stored
+    try:
+        for attempt in (0, 1):
+            cg.int64 = attempt == 1
+            cg.inputs, cg.outputs, cg.helpers, cg.counter, cg.red_result = {}, {}, set(), 0, {}
+            cg.external_reduce_refs = set()
+            body, meta = cg.generate()
+            if not cg.int64 and needs_int64(kernel, cg):
+                continue
+            break
+    finally:
+        ir.LOAD_STORED = prev
+    args = list(cg.inputs) + list(cg.outputs)
+    names = [cg.inputs[a] for a in cg.inputs] + [cg.outputs[a] for a in cg.outputs]
+    consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if kernel.dims else [])
+    sig = ", ".join(names + consts)
+    comment = f"# kernel {kernel.name}: iteration space {list(kernel.shape)}"
+    if kernel.dims:
+        comment += f", reducing dims {list(kernel.dims)}"
+    src = "\n".join(["import triton", "import triton.language as tl", "", comment, prelude(cg.helpers), "",
+                     "@triton.jit", f"def {kernel.name}({sig}):"] + body) + "\n"
+    ops = []
+    for n in sorted(cg.ops_nodes, key=lambda n: n.name):
+        ops.extend(o for o in n.ops if o not in ("view", "_unsafe_view", "alias"))
+    return KernelSource(kernel.name, src, args, meta.pop("grid"), meta, sorted(set(ops)), 0,
+                        list(cg.outputs)), cg.external_reduce_refs
+
+
+def needs_int64(kernel, cg):
+    limit = 2 ** 31 - 1
+    if kernel.xnumel() * max(kernel.rnumel(), 1) >= limit // 2:
+        return True
+    for node in list(cg.inputs) + list(cg.outputs):
+        if node.kind == "buffer" and node.producer == "seed":
+            continue
+        extent = node.offset + sum((s - 1) * st for s, st in zip(node.shape, node.stride) if s > 0)
+        if extent >= limit // 2:
+            return True
+    return False

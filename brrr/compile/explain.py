@@ -1,0 +1,189 @@
+"""What brrr would do with a model (capture -> lower -> schedule -> codegen, then **explain**; nothing runs).
+
+    print(brrr.explain(model, x))            # or train=True for forward + backward
+
+Captures the graphs with Dynamo + AOTAutograd exactly as the backend does, plans them, generates the Triton
+source, and reports: the fused kernels (ATen ops inside, iteration space, bytes moved, source), the Externs
+(matmul/conv/attention via ATen), the Fallbacks and why, the fusion refusals, and bytes before/after. Byte
+counts come from brrr.cost: unfused = sum of op_cost(...).bytes over every ATen op of the graphs (eager's
+traffic); fused = each kernel's buffers read and written (tensor_bytes) plus the ATen calls that remain.
+Works on CPU with no GPU and no TRITON_INTERPRET.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class KernelInfo:
+    name: str
+    graph: str                 # inference | forward | backward
+    ops: list                  # ATen op names held by the kernel
+    bytes: int                 # bytes it reads + writes
+    source: str
+    space: str                 # "[512, 1024] reducing [1]"
+    reads: list = field(default_factory=list)
+    writes: list = field(default_factory=list)
+
+
+@dataclass
+class OpInfo:
+    op: str
+    graph: str
+    shapes: str
+    bytes: int
+    reason: str = ""
+
+
+@dataclass
+class Explanation:
+    kernels: list = field(default_factory=list)
+    externs: list = field(default_factory=list)
+    fallbacks: list = field(default_factory=list)
+    refusals: list = field(default_factory=list)     # (graph, node description, reason)
+    bytes_unfused: int = 0
+    bytes_fused: int = 0
+    graphs: list = field(default_factory=list)       # graph kinds captured
+    notes: list = field(default_factory=list)
+
+    @property
+    def saving(self):
+        return 1.0 - self.bytes_fused / self.bytes_unfused if self.bytes_unfused else 0.0
+
+    def __str__(self):
+        lines = [f"brrr explain: {len(self.kernels)} fused kernel(s), {len(self.externs)} extern(s), "
+                 f"{len(self.fallbacks)} fallback(s) over graphs: {', '.join(self.graphs) or 'none'}"]
+        lines.append(f"bytes moved: unfused {_fmt(self.bytes_unfused)} -> fused {_fmt(self.bytes_fused)} "
+                     f"({self.saving:.0%} less)")
+        lines.append("")
+        lines.append("fused kernels:")
+        for k in self.kernels:
+            lines.append(f"  [{k.graph}] {k.name}: {k.space}, {_fmt(k.bytes)}")
+            lines.append(f"      ops: {', '.join(k.ops) or '-'}")
+            lines.append(f"      reads: {', '.join(k.reads)}")
+            lines.append(f"      writes: {', '.join(k.writes)}")
+        if self.externs:
+            lines.append("externs (ATen library calls):")
+            for e in self.externs:
+                lines.append(f"  [{e.graph}] {e.op}({e.shapes}) {_fmt(e.bytes)}")
+        if self.fallbacks:
+            lines.append("fallbacks (run as ATen, not fused):")
+            for f in self.fallbacks:
+                lines.append(f"  [{f.graph}] {f.op}({f.shapes}): {f.reason}")
+        if self.refusals:
+            lines.append("not fused, and why:")
+            for g, what, why in self.refusals:
+                lines.append(f"  [{g}] {what}: {why}")
+        for n in self.notes:
+            lines.append(f"note: {n}")
+        return "\n".join(lines)
+
+    def source(self):
+        return "\n\n".join(k.source for k in self.kernels)
+
+
+def _fmt(b):
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(b) < 1024 or unit == "GB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1024
+
+
+def _desc(t):
+    if isinstance(t, torch.Tensor):
+        return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+    return repr(t)
+
+
+def _node_desc(n):
+    """`add_1: float32[512, 1024]` - named after its FX node, so it can be found in the captured graph."""
+    name = n.fx.name if n.fx is not None else n.name
+    if n.kind == "reduction" and n.fx is not None and n.meta.get("fake") is not None and \
+            tuple(n.meta["fake"].shape) != tuple(getattr(n.fx.meta.get("val"), "shape", ())):
+        name += " (partial)"
+    return f"{name}: {str(n.dtype).replace('torch.', '')}{list(n.shape)}"
+
+
+def _fx_cost(fx):
+    from brrr.cost.ops import op_cost
+    args = torch.fx.node.map_arg(fx.args, lambda a: a.meta.get("val"))
+    kwargs = torch.fx.node.map_arg(fx.kwargs, lambda a: a.meta.get("val"))
+    try:
+        return op_cost(fx.target, args, kwargs, fx.meta.get("val")).bytes
+    except Exception:
+        return 0
+
+
+def _shapes(fx):
+    out = []
+    torch.fx.node.map_arg(fx.args, lambda a: out.append(_desc(a.meta.get("val"))))
+    return ", ".join(out)
+
+
+def record(ex, kind, gm, plan, kernels):
+    """add one planned graph to the Explanation."""
+    from brrr.cost.ops import tensor_bytes
+    from brrr.compile.schedule import load_bytes
+    ex.graphs.append(kind)
+    for fx in gm.graph.nodes:
+        if fx.op == "call_function" and getattr(fx.target, "__name__", "") != "getitem":
+            ex.bytes_unfused += _fx_cost(fx)
+    L = plan.lowering
+    seen_fx = set()
+    for step_kind, step in plan.steps:
+        if step_kind == "kernel":
+            ks = kernels[step]
+            reads = [a for a in ks.args if a not in ks.stores]
+            space_numel = step.xnumel() * step.rnumel()
+            nbytes = sum(tensor_bytes(a.meta["fake"]) if a in ks.stores else load_bytes(a, space_numel)
+                         for a in ks.args if isinstance(a.meta.get("fake"), torch.Tensor) and a.producer != "seed")
+            space = f"{list(step.shape)}" + (f" reducing dims {list(step.dims)}" if step.dims else "")
+            ex.kernels.append(KernelInfo(f"{kind}.{ks.name}", kind, ks.ops, nbytes, ks.source, space,
+                                         [_node_desc(a) for a in reads], [_node_desc(a) for a in ks.stores]))
+            ex.bytes_fused += nbytes
+        elif step_kind == "aten" and step.kind == "buffer" and step.fx not in seen_fx:
+            seen_fx.add(step.fx)
+            fx = step.fx
+            b = _fx_cost(fx)
+            name = f"aten.{getattr(fx.target, '__name__', fx.target)}"
+            info = OpInfo(name, kind, _shapes(fx), b, step.reason)
+            (ex.externs if step.producer == "extern" else ex.fallbacks).append(info)
+            ex.bytes_fused += b
+    for node, why in plan.refusals:
+        ex.refusals.append((kind, _node_desc(node), why.replace(" kernel ", f" {kind}.")))
+
+
+def explain(fn_or_model, *inputs, train=False, **options):
+    """Plan (never run kernels) what brrr does with `fn_or_model(*inputs)`; returns an Explanation."""
+    from brrr.compile.backend import make_backend
+    ex = Explanation()
+
+    def sink(kind, gm, plan, kernels):
+        record(ex, kind, gm, plan, kernels)
+
+    backend = make_backend(_sink=sink)
+    compiled = torch.compile(fn_or_model, backend=backend, dynamic=False)
+    with torch.set_grad_enabled(train):
+        out = compiled(*inputs)
+        if train:
+            outs = [o for o in _flatten(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+            if not outs:
+                ex.notes.append("train=True but no output requires grad: forward only")
+            else:
+                torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    if not ex.graphs:
+        ex.notes.append("Dynamo produced no graph (nothing to compile, or this function was compiled before)")
+    return ex
+
+
+def _flatten(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for a in x for t in _flatten(a)]
+    if isinstance(x, dict):
+        return [t for a in x.values() for t in _flatten(a)]
+    if hasattr(x, "to_tuple"):
+        return _flatten(x.to_tuple())
+    return []

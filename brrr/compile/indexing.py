@@ -1,0 +1,235 @@
+"""Affine index expressions: how views rewrite an index without moving data (lower -> schedule -> codegen).
+
+An `Ix` is `const + sum(coeff * ((base // div) % mod))` over a few bases: the kernel's flat iteration variables
+(`xindex`, `rindex`), an index loaded from memory (gather/embedding), or, when a rewrite cannot stay in this form,
+an opaque parenthesised sub-expression. Every base carries its range, so `% mod` disappears when it cannot wrap
+and adjacent terms merge back (`(x % 8) + (x // 8) * 8 == x`). That is the whole algebra: no sympy, a handful of
+integer rules, and the contiguous case renders as plain `xindex`.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Term:
+    base: object        # str atom ("xindex", "rindex", "(...)") or an ir.Value for indirect indices
+    brange: object      # int: base takes values in [0, brange); None: unknown
+    div: int
+    mod: object         # int or None
+    coeff: int
+
+    def max(self):
+        if self.mod is not None:
+            m = self.mod - 1
+        elif self.brange is None:
+            return None
+        else:
+            m = (self.brange - 1) // self.div
+        return m * self.coeff
+
+
+class Ix:
+    __slots__ = ("terms", "const")
+
+    def __init__(self, terms=(), const=0):
+        self.terms, self.const = _canonical(list(terms)), int(const)
+
+    @staticmethod
+    def var(name, size):
+        return Ix([Term(name, size, 1, None, 1)])
+
+    @staticmethod
+    def of(x):
+        return x if isinstance(x, Ix) else Ix((), int(x))
+
+    def key(self):
+        return (tuple((id(t.base) if not isinstance(t.base, str) else t.base, t.div, t.mod, t.coeff)
+                      for t in self.terms), self.const)
+
+    def __eq__(self, other):
+        return isinstance(other, Ix) and self.key() == other.key()
+
+    def __hash__(self):
+        return hash(self.key())
+
+    def max(self):
+        """Largest value (None when a base is unbounded); coefficients are never negative."""
+        total = self.const
+        for t in self.terms:
+            m = t.max()
+            if m is None:
+                return None
+            total += m
+        return total
+
+    def is_const(self):
+        return not self.terms
+
+    def bases(self):
+        return [t.base for t in self.terms]
+
+    def __add__(self, other):
+        other = Ix.of(other)
+        return Ix(self.terms + other.terms, self.const + other.const)
+
+    __radd__ = __add__
+
+    def __mul__(self, k):
+        k = int(k)
+        if k == 0:
+            return Ix()
+        return Ix([Term(t.base, t.brange, t.div, t.mod, t.coeff * k) for t in self.terms], self.const * k)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, k):
+        k = int(k)
+        if k == 1:
+            return self
+        mx = self.max()
+        if mx is not None and mx < k and self.const >= 0:
+            return Ix()
+        high = [t for t in self.terms if t.coeff % k == 0]
+        low = [t for t in self.terms if t.coeff % k != 0]
+        ch, cl = divmod(self.const, k)
+        low_max = Ix(low, cl).max()
+        if low_max is not None and low_max < k:
+            return Ix([Term(t.base, t.brange, t.div, t.mod, t.coeff // k) for t in high], ch)
+        if len(low) == 1 and cl == 0 and not high:
+            t = low[0]
+            if k % t.coeff == 0:
+                k2 = k // t.coeff
+                if t.mod is None:
+                    return Ix([Term(t.base, t.brange, t.div * k2, None, 1)], ch)
+                if t.mod % k2 == 0:
+                    return Ix([Term(t.base, t.brange, t.div * k2, t.mod // k2, 1)], ch)
+        return _opaque(self, k, None)
+
+    def __mod__(self, k):
+        k = int(k)
+        if k == 1:
+            return Ix()
+        keep = [t for t in self.terms if t.coeff % k != 0]
+        rest = Ix(keep, self.const % k)
+        mx = rest.max()
+        if mx is not None and mx < k:
+            return rest
+        if len(keep) == 1 and rest.const == 0:
+            t = keep[0]
+            if k % t.coeff == 0:
+                k2 = k // t.coeff
+                if t.mod is None or t.mod % k2 == 0:
+                    return Ix([Term(t.base, t.brange, t.div, k2, t.coeff)])
+        return _opaque(rest, 1, k)
+
+    def render(self, name_of=str):
+        """Triton/Python source; `name_of` names non-string bases (loaded index values)."""
+        parts = []
+        for t in self.terms:
+            s = t.base if isinstance(t.base, str) else name_of(t.base)
+            if t.div != 1:
+                s = f"{s} // {t.div}"
+            if t.mod is not None:
+                s = f"{s} % {t.mod}" if t.div == 1 else f"({s}) % {t.mod}"
+            if t.coeff != 1:
+                s = f"({s}) * {t.coeff}" if (t.div != 1 or t.mod is not None) else f"{s} * {t.coeff}"
+            parts.append(s)
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return " + ".join(parts)
+
+    def __repr__(self):
+        return f"Ix({self.render()})"
+
+
+def _opaque(ix, div, mod):
+    mx = ix.max()
+    if any(not isinstance(b, str) for b in ix.bases()):
+        # an indirect base inside: keep the object so codegen can name it; render lazily
+        return Ix([Term(Opaque(ix), None if mx is None else mx + 1, div, mod, 1)])
+    return Ix([Term("(" + ix.render() + ")", None if mx is None else mx + 1, div, mod, 1)])
+
+
+class Opaque:
+    """A sub-expression that references loaded values; rendered by codegen with its naming function."""
+
+    def __init__(self, ix):
+        self.ix = ix
+
+
+def _simplify(t):
+    if t.coeff == 0:
+        return None
+    mod = t.mod
+    if mod is not None and t.brange is not None and t.brange <= t.div * mod:
+        mod = None
+    if mod == 1:
+        return None
+    if t.brange is not None and t.brange <= t.div:
+        return None
+    return Term(t.base, t.brange, t.div, mod, t.coeff)
+
+
+def _bkey(b):
+    return b if isinstance(b, str) else f"~{id(b)}"
+
+
+def _canonical(terms):
+    merged = {}
+    for t in terms:
+        t = _simplify(t)
+        if t is None:
+            continue
+        k = (_bkey(t.base), t.div, t.mod)
+        if k in merged:
+            o = merged[k]
+            t = Term(o.base, o.brange, o.div, o.mod, o.coeff + t.coeff)
+        merged[k] = t
+    changed = True
+    while changed:  # (b//a % m1)*c + (b//(a*m1) % m2)*(c*m1) == (b//a % (m1*m2))*c
+        changed = False
+        for k1, t1 in list(merged.items()):
+            if t1.mod is None or k1 not in merged:
+                continue
+            for k2, t2 in list(merged.items()):
+                if (k2 != k1 and _bkey(t2.base) == k1[0] and t2.div == t1.div * t1.mod
+                        and t2.coeff == t1.coeff * t1.mod):
+                    new = _simplify(Term(t1.base, t1.brange, t1.div,
+                                         None if t2.mod is None else t1.mod * t2.mod, t1.coeff))
+                    del merged[k1], merged[k2]
+                    merged[(_bkey(new.base), new.div, new.mod)] = new
+                    changed = True
+                    break
+            if changed:
+                break
+    return tuple(sorted(merged.values(), key=lambda t: (_bkey(t.base), t.div, t.mod or 0)))
+
+
+def contiguous_strides(shape):
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+def linear(idx, strides, offset=0):
+    """sum(idx[d] * strides[d]) + offset."""
+    out = Ix((), offset)
+    for i, s in zip(idx, strides):
+        if s:
+            out = out + Ix.of(i) * s
+    return out
+
+
+def unflatten(flat, shape):
+    """Per-dim indices of a flat (row-major) index into `shape`."""
+    idx, strides = [], contiguous_strides(shape)
+    for d, (size, st) in enumerate(zip(shape, strides)):
+        if size == 1:
+            idx.append(Ix())
+        elif d == 0:
+            idx.append(flat // st)
+        else:
+            idx.append((flat // st) % size)
+    return idx

@@ -1,0 +1,414 @@
+"""Core-ATen FX graph -> brrr IR nodes (capture -> **lower** -> schedule -> codegen -> runtime).
+
+One small function per op family, registered in `LOWERINGS`. Each takes the FX node and its arguments (FX nodes
+replaced by IR nodes) and returns an IR node. Anything without a lowering, or whose lowering refuses
+(`NotLowered(reason)`), becomes a Fallback: a buffer produced by calling the ATen op, with its reason recorded.
+"""
+
+import operator
+
+import torch
+
+from brrr.compile import ir
+from brrr.compile.indexing import Ix, Term, unflatten
+from brrr.compile.ir import Const, IndexValue, Op
+
+aten = torch.ops.aten
+LOWERINGS = {}
+EXTERN_OPS = {"mm", "bmm", "addmm", "baddbmm", "convolution", "convolution_backward"}
+
+
+def is_extern(name):
+    return name in EXTERN_OPS or "scaled_dot_product" in name
+KERNEL_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.bool, torch.int8,
+                 torch.uint8, torch.int16, torch.int32, torch.int64}
+
+
+class NotLowered(Exception):
+    """A lowering refuses this node; the message is the reason shown by explain."""
+
+
+def register(*names):
+    def deco(fn):
+        for n in names:
+            LOWERINGS[n] = fn
+        return fn
+    return deco
+
+
+def op_name(target):
+    return getattr(target, "__name__", str(target)).split(".")[0] if target is not operator.getitem else "getitem"
+
+
+def meta(fx):
+    return fx.meta.get("val")
+
+
+PRIMS = {}
+
+
+def register_prim(*names):
+    def deco(fn):
+        for n in names:
+            PRIMS[n] = fn
+        return fn
+    return deco
+
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+def cast(v, dtype):
+    return v if v.dtype == dtype else Op("cast", [v], dtype)
+
+
+def const(x, dtype):
+    return Const(x, dtype)
+
+
+def value_of(a, idx, out_shape):
+    """`a` (node or Python scalar) at the broadcast output index `idx`."""
+    if not isinstance(a, ir.Node):
+        return None
+    nd = len(a.shape)
+    sub = list(idx[len(idx) - nd:]) if nd else []
+    sub = [Ix() if s == 1 else i for s, i in zip(a.shape, sub)]
+    return a(sub)
+
+
+def fake(a):
+    return a.meta["fake"] if isinstance(a, ir.Node) else a
+
+
+def operands(L, fx, args, compute_dtype):
+    """fn(idx) -> list of Values, each cast to compute_dtype (scalars become constants)."""
+    shape = tuple(meta(fx).shape)
+
+    def get(idx):
+        out = []
+        for a in args:
+            if isinstance(a, ir.Node):
+                out.append(cast(value_of(a, idx, shape), compute_dtype))
+            else:
+                out.append(const(a, compute_dtype))
+        return out
+    return get
+
+
+def pw(L, fx, fn, ops=None, **kw):
+    m = meta(fx)
+    return ir.pointwise(L.fresh("pw"), tuple(m.shape), m.dtype, fn, fx=fx, ops=ops or (op_name(fx.target),), **kw)
+
+
+def elementwise(L, fx, name, args, compute=None):
+    """the common case: promote args to `compute` (default: the output dtype), apply op `name`."""
+    out_dtype = meta(fx).dtype
+    cdt = compute or out_dtype
+    get = operands(L, fx, args, cdt)
+
+    def fn(idx):
+        return Op(name, get(idx), cdt if compute is None else out_dtype)
+    return pw(L, fx, fn)
+
+
+def view_node(L, fx, src, fn):
+    m = meta(fx)
+    return ir.pointwise(L.fresh("view"), tuple(m.shape), m.dtype, fn, fx=fx, ops=(op_name(fx.target),),
+                        view_of=src)
+
+
+def masked(cond, fn):
+    ir.MASKS.append(cond if not ir.MASKS else Op("and", [ir.MASKS[-1], cond], torch.bool))
+    try:
+        return fn()
+    finally:
+        ir.MASKS.pop()
+
+
+def lt(ix, k):
+    return Op("lt", [IndexValue(ix), Const(k, torch.int64)], torch.bool)
+
+
+def ge(ix, k):
+    return Op("ge", [IndexValue(ix), Const(k, torch.int64)], torch.bool)
+
+
+def indirect(v, coeff=1):
+    return Ix([Term(v, None, 1, None, coeff)])
+
+
+def wrap_negative(v, size):
+    """index values may be negative (index_select/gather forbid it; index allows): wrap like ATen."""
+    return Op("where", [Op("lt", [v, Const(0, v.dtype)], torch.bool), Op("add", [v, Const(size, v.dtype)], v.dtype),
+                        v], v.dtype)
+
+
+def norm_dims(dims, ndim):
+    if ndim == 0:
+        return ()
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(sorted(d % max(ndim, 1) for d in dims))
+
+
+def make_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body=None, acc_dtype=None):
+    src_shape = tuple(x.shape)
+    if any(src_shape[d] == 0 for d in dims) and rtype in ("max", "min", "argmax", "argmin"):
+        raise NotLowered(f"{rtype} over an empty dim")
+    rsize = 1
+    for d in dims:
+        rsize *= src_shape[d]
+    if rtype.startswith("arg") and rsize > 16384:
+        raise NotLowered(f"{rtype} over {rsize} elements (only single-pass arg-reductions are generated)")
+    if acc_dtype is None:
+        acc_dtype = out_dtype
+        if out_dtype in (torch.float16, torch.bfloat16):
+            acc_dtype = torch.float32
+    body = body or (lambda idx: cast(x(idx), acc_dtype) if rtype not in ("argmax", "argmin", "max", "min")
+                    else x(idx))
+    if not dims:   # nothing to reduce (a 0-d input): the value itself (index 0 for arg*)
+        node = ir.pointwise(L.fresh("pw"), out_shape, out_dtype,
+                            lambda idx: Const(0, out_dtype) if rtype.startswith("arg") else cast(body(idx), out_dtype),
+                            fx=fx, ops=(op_name(fx.target),) if fx is not None else ())
+        node.meta["acc_dtype"] = out_dtype
+        node.meta["fake"] = torch.empty(out_shape, dtype=out_dtype, device="meta")
+        node.meta["device"] = fake(x).device
+        return node
+    kept = tuple(s for d, s in enumerate(src_shape) if d not in dims)
+    xnumel = 1
+    for s in kept:
+        xnumel *= s
+    if not rtype.startswith("arg"):
+        if SPLIT_MIN_R <= rsize and xnumel <= SPLIT_MAX_X:
+            return split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype, kept, rsize)
+        column = (len(src_shape) - 1) not in dims and src_shape[-1] > 1
+        if column and rsize >= 1024 and xnumel * rsize >= (1 << 20):
+            return split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype, kept, rsize,
+                                   column=True)
+    node = ir.reduction(L.fresh("red"), out_shape, out_dtype, body, src_shape, dims, rtype, fx=fx,
+                        ops=(op_name(fx.target),) if fx is not None else ())
+    node.meta["acc_dtype"] = acc_dtype
+    node.meta["fake"] = torch.empty(out_shape, dtype=out_dtype, device="meta")
+    node.meta["device"] = fake(x).device
+    L.add(node)
+    return node
+
+
+SPLIT_MIN_R = 32768    # a few rows this long would leave most of a GPU idle: reduce them in two kernels
+SPLIT_MAX_X = 32
+
+
+def identity(rtype, dtype):
+    if rtype == "sum":
+        return Const(0, dtype)
+    if rtype == "prod":
+        return Const(1, dtype)
+    if dtype == torch.bool:
+        return Const(rtype == "min", dtype)
+    if dtype.is_floating_point:
+        return Const(float("-inf") if rtype == "max" else float("inf"), dtype)
+    info = torch.iinfo(dtype)
+    return Const(info.min if rtype == "max" else info.max, dtype)
+
+
+def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype, kept, rsize, column=False):
+    """reduce `rsize` elements per row as C chunks of B (one kernel, X*C programs), then the C partials.
+    Few long rows: partial space (X, C, B) reducing B. Columns (the innermost dim is kept, e.g. bias grads):
+    (C, B, X) reducing B, so consecutive x stay contiguous in memory and X*C/XBLOCK programs share the work."""
+    src_shape = tuple(x.shape)
+    xnumel = 1
+    for s in kept:
+        xnumel *= s
+    chunks = max(2, min((rsize + 1023) // 1024, max(1, 2048 // max(xnumel, 1))))
+    if column:
+        chunks = min(64, max(2, rsize // 256))
+    block = (rsize + chunks - 1) // chunks
+    reduced = tuple(src_shape[d] for d in dims)
+
+    def partial_body(idx):
+        c, b, xi = idx if column else (idx[1], idx[2], idx[0])
+        r = Ix.of(c) * block + b
+        cond = Op("lt", [IndexValue(r), Const(rsize, torch.int64)], torch.bool)
+        kidx, ridx = iter(unflatten(xi, kept) if kept else []), iter(unflatten(r, reduced))
+        full = [next(ridx) if d in dims else next(kidx) for d in range(len(src_shape))]
+        v = masked(cond, lambda: body(full))
+        return Op("where", [cond, v, identity(rtype, v.dtype)], v.dtype)
+    part_dtype = acc_dtype if acc_dtype != torch.bool else torch.bool
+    pshape, pspace, pdims = ((chunks, xnumel), (chunks, block, xnumel), (1,)) if column else \
+        ((xnumel, chunks), (xnumel, chunks, block), (2,))
+    part = ir.reduction(L.fresh("red"), pshape, part_dtype, partial_body, pspace, pdims,
+                        rtype, fx=fx, ops=(op_name(fx.target),) if fx is not None else ())
+    part.meta.update(acc_dtype=acc_dtype, device=fake(x).device,
+                     fake=torch.empty(pshape, dtype=part_dtype, device="meta"))
+    L.add(part)
+    final = ir.reduction(L.fresh("red"), out_shape, out_dtype, lambda idx: part(idx), pshape, (0,) if column else (1,),
+                         rtype, fx=fx, ops=(op_name(fx.target),) if fx is not None else ())
+    final.meta.update(acc_dtype=acc_dtype, device=fake(x).device,
+                      fake=torch.empty(out_shape, dtype=out_dtype, device="meta"))
+    L.add(final)
+    return final
+
+
+def kept_index(src_idx, dims, out_shape):
+    """output index (keepdim or not) from the full source index."""
+    if len(out_shape) == len(src_idx):
+        return [Ix() if d in dims else i for d, i in enumerate(src_idx)]
+    return [i for d, i in enumerate(src_idx) if d not in dims]
+
+
+# ----------------------------------------------------------------------------------------------- lower
+
+class Lowering:
+    """Walks an FX graph and builds IR nodes; `nodes` keeps creation order (a valid topological order)."""
+
+    def __init__(self, gm):
+        self.gm = gm
+        self.env = {}
+        self.nodes = []
+        self.outputs = []
+        self.counter = 0
+        self.fallbacks = []     # (fx node, reason)
+        self.externs = []
+        self.seeds = {}
+        self.added = set()
+
+    def fresh(self, prefix):
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def add(self, node):
+        if node not in self.added:
+            self.added.add(node)
+            self.nodes.append(node)
+
+    def seed_buffer(self, device):
+        key = str(device)
+        if key not in self.seeds:
+            node = ir.buffer(f"seed{len(self.seeds)}", (1,), (1,), torch.int64, "seed")
+            node.meta["fake"] = torch.empty((1,), dtype=torch.int64, device="meta")
+            node.meta["device"] = device
+            self.seeds[key] = node
+            self.nodes.append(node)
+        return self.seeds[key]
+
+    def run(self):
+        for fx in self.gm.graph.nodes:
+            if fx.op == "placeholder":
+                self.env[fx] = self.input_buffer(fx)
+            elif fx.op == "call_function":
+                self.env[fx] = self.lower_node(fx)
+            elif fx.op == "get_attr":
+                self.env[fx] = self.constant_buffer(fx)
+            elif fx.op == "output":
+                self.outputs = [self.env.get(a) if isinstance(a, torch.fx.Node) else a
+                                for a in torch.fx.node.map_arg(fx.args[0], lambda n: n) or []]
+            else:
+                raise NotLowered(f"FX op {fx.op}")
+        return self
+
+    def input_buffer(self, fx):
+        v = meta(fx)
+        if not isinstance(v, torch.Tensor):
+            self.nodes.append(None)
+            return v
+        node = ir.buffer(fx.name, v.shape, v.stride(), v.dtype, "input", fx=fx, offset=v.storage_offset())
+        node.meta["fake"] = v
+        self.nodes.append(node)
+        return node
+
+    def constant_buffer(self, fx):
+        v = getattr(self.gm, fx.target)
+        if not isinstance(v, torch.Tensor):
+            raise NotLowered(f"get_attr of {type(v).__name__}")
+        node = ir.buffer(fx.name, v.shape, v.stride(), v.dtype, "constant", fx=fx)
+        node.meta["fake"] = v
+        node.meta["tensor"] = v
+        self.nodes.append(node)
+        return node
+
+    def lower_node(self, fx):
+        if fx.target is operator.getitem:
+            src, i = fx.args
+            return self.env[src][i]
+        args = torch.fx.node.map_arg(fx.args, lambda n: self.env[n])
+        kwargs = torch.fx.node.map_arg(fx.kwargs, lambda n: self.env[n])
+        name = op_name(fx.target)
+        val = meta(fx)
+        reason = None
+        if is_extern(name):
+            return self.buffer_op(fx, "extern", "")
+        prim = getattr(fx.target, "namespace", "aten") == "prims"
+        fn = PRIMS.get(name) if prim else LOWERINGS.get(name)
+        if prim and fn is None and name in LOWERINGS and name not in ("sum", "var", "amax", "amin", "prod", "div"):
+            fn = LOWERINGS[name]   # elementwise prims share aten's signature
+        if fn is None:
+            reason = f"no brrr lowering for aten.{name}"
+        elif not all(t.dtype in KERNEL_DTYPES for t in _tensors(val)):
+            reason = f"dtype {[t.dtype for t in _tensors(val)]} not generated"
+        elif not all(a.dtype in KERNEL_DTYPES for a in _nodes(args, kwargs)):
+            reason = "input dtype not generated"
+        else:
+            try:
+                out = fn(self, fx, *args, **kwargs)
+                for i, o in enumerate(out if isinstance(out, tuple) else (out,)):
+                    if isinstance(o, ir.Node):
+                        v = val[i] if isinstance(out, tuple) else val
+                        if isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(o.shape) and v.dtype == o.dtype:
+                            o.meta["fake"] = v
+                        o.meta.setdefault("device", v.device if isinstance(v, torch.Tensor) else None)
+                        self.add(o)
+                return out
+            except NotLowered as e:
+                reason = str(e)
+            except (TypeError, ValueError, KeyError, IndexError, AttributeError, NotImplementedError) as e:
+                reason = f"lowering failed: {type(e).__name__}: {e}"
+        return self.buffer_op(fx, "fallback", reason)
+
+    def buffer_op(self, fx, producer, reason):
+        val = meta(fx)
+        if producer == "fallback":
+            self.fallbacks.append((fx, reason))
+        else:
+            self.externs.append(fx)
+
+        def buf(t, i):
+            node = ir.buffer(f"{fx.name}_{i}" if isinstance(val, (tuple, list)) else fx.name, t.shape, t.stride(),
+                             t.dtype, producer, fx=fx, offset=t.storage_offset(), reason=reason,
+                             ops=(op_name(fx.target),))
+            node.meta["fake"] = t
+            node.meta["out_index"] = i
+            self.nodes.append(node)
+            return node
+        if isinstance(val, torch.Tensor):
+            return buf(val, None)
+        if isinstance(val, (tuple, list)):
+            return tuple(buf(t, i) if isinstance(t, torch.Tensor) else t for i, t in enumerate(val))
+        node = ir.buffer(fx.name, (), (), torch.float32, producer, fx=fx, reason=reason, ops=(op_name(fx.target),))
+        node.meta["fake"] = val
+        node.meta["not_tensor"] = True
+        self.nodes.append(node)
+        return node
+
+
+def _tensors(v):
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (tuple, list)):
+        return [t for t in v if isinstance(t, torch.Tensor)]
+    return []
+
+
+def _nodes(args, kwargs):
+    out = []
+    torch.fx.node.map_aggregate((args, kwargs), lambda a: out.append(a) if isinstance(a, ir.Node) else None)
+    return out
+
+
+def lower(gm):
+    return Lowering(gm).run()
+
+
+# the op families register themselves in LOWERINGS / PRIMS
+from brrr.compile.lowering import pointwise, reductions, views  # noqa: E402,F401

@@ -1,0 +1,110 @@
+"""Lowerings: reductions (sum, mean, amax/amin, prod, arg*, any/all, var/std/var_mean) (part of lower.py's
+tables). Composite reductions (var, mean) are Reduction nodes plus a small Pointwise on top."""
+
+import torch
+
+from brrr.compile import ir
+from brrr.compile.ir import Const, Op
+from brrr.compile.lower import (NotLowered, cast, elementwise, kept_index, make_reduction, meta, norm_dims,
+                                op_name, pw, register, register_prim)
+
+
+# ------------------------------------------------------------------------------------------ reductions
+
+@register("sum", "mean", "amax", "amin", "prod", "any", "all")
+def lower_sum(L, fx, x, dims=None, keepdim=False, *, dtype=None, **kw):
+    name = op_name(fx.target)
+    m = meta(fx)
+    if isinstance(dims, bool):   # any.default / all.default have no dims
+        dims, keepdim = None, False
+    if name == "prod" and isinstance(dims, int) is False and dims is not None and not isinstance(dims, (list, tuple)):
+        dims = None
+    dims = norm_dims(dims, len(x.shape))
+    rtype = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min", "prod": "prod", "any": "max",
+             "all": "min"}[name]
+    if name in ("any", "all"):
+        red = make_reduction(L, fx, x, dims, rtype, tuple(m.shape), torch.bool,
+                             body=lambda idx: cast(x(idx), torch.bool), acc_dtype=torch.bool)
+        return red
+    red = make_reduction(L, fx, x, dims, rtype, tuple(m.shape), m.dtype)
+    if name != "mean":
+        return red
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    acc = red.meta["acc_dtype"]
+    red.dtype = acc
+    red.meta["fake"] = torch.empty(tuple(m.shape), dtype=acc, device="meta")
+    return pw(L, fx, lambda idx: cast(Op("div", [red(idx), Const(n, acc)], acc), m.dtype),
+              ops=("mean",))
+
+
+@register("max", "min")
+def lower_max_dim(L, fx, x, dim=None, keepdim=False):
+    name = op_name(fx.target)
+    m = meta(fx)
+    if isinstance(dim, ir.Node):
+        return elementwise(L, fx, "maximum" if name == "max" else "minimum", [x, dim])
+    if dim is None:
+        return make_reduction(L, fx, x, norm_dims(None, len(x.shape)), name, tuple(m.shape), m.dtype)
+    vals, inds = m
+    dims = norm_dims(dim, len(x.shape))
+    v = make_reduction(L, fx, x, dims, name, tuple(vals.shape), vals.dtype)
+    i = make_reduction(L, fx, x, dims, "arg" + name, tuple(inds.shape), torch.int64)
+    return (v, i)
+
+
+@register("argmax", "argmin")
+def lower_argmax(L, fx, x, dim=None, keepdim=False):
+    m = meta(fx)
+    if dim is None and len(x.shape) > 1:
+        raise NotLowered("argmax over all dims")
+    dims = norm_dims(dim, len(x.shape))
+    return make_reduction(L, fx, x, dims, op_name(fx.target), tuple(m.shape), torch.int64)
+
+
+@register("var", "var_mean", "std")
+def lower_var(L, fx, x, dims=None, *, correction=None, keepdim=False, **kw):
+    name = op_name(fx.target)
+    m = meta(fx)
+    vshape = tuple((m[0] if name == "var_mean" else m).shape)
+    out = (m[0] if name == "var_mean" else m).dtype
+    dims = norm_dims(dims, len(x.shape))
+    correction = 1 if correction is None else correction
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    acc = torch.float32 if out in (torch.float16, torch.bfloat16) else out
+    s = make_reduction(L, fx, x, dims, "sum", vshape, acc, acc_dtype=acc)
+
+    def mean_at(idx):
+        return Op("div", [s(idx), Const(n, acc)], acc)
+
+    def body(idx):
+        d = Op("sub", [cast(x(idx), acc), mean_at(kept_index(idx, dims, vshape))], acc)
+        return Op("mul", [d, d], acc)
+    ss = make_reduction(L, fx, x, dims, "sum", vshape, acc, body=body, acc_dtype=acc)
+    denom = max(n - correction, 0)
+
+    def var_fn(idx):
+        v = Op("div", [ss(idx), Const(denom, acc)], acc)
+        return cast(Op("sqrt", [v], acc) if name == "std" else v, out)
+    var = ir.pointwise(L.fresh("pw"), vshape, out, var_fn, fx=fx, ops=(name,))
+    if name != "var_mean":
+        return var
+    mean = ir.pointwise(L.fresh("pw"), vshape, out, lambda idx: cast(mean_at(idx), out), fx=fx, ops=(name,))
+    return (var, mean)
+
+
+@register_prim("sum", "amax", "amin", "prod")
+def prim_reduce(L, fx, x, dims, output_dtype=None):
+    m = meta(fx)
+    rtype = {"sum": "sum", "amax": "max", "amin": "min", "prod": "prod"}[op_name(fx.target)]
+    return make_reduction(L, fx, x, norm_dims(dims, len(x.shape)), rtype, tuple(m.shape), m.dtype)
+
+
+@register_prim("var")
+def prim_var(L, fx, x, dims, correction=1, output_dtype=None):
+    return lower_var(L, fx, x, dims, correction=correction)
+
+

@@ -1,0 +1,308 @@
+"""Lowerings: views (index rewrites, no data moved) and data movement: cat, pad, gather, embedding, index
+(part of lower.py's tables)."""
+
+import torch
+
+from brrr.compile import ir
+from brrr.compile.indexing import Ix, Term, contiguous_strides, linear, unflatten
+from brrr.compile.ir import Const, IndexValue, Op
+from brrr.compile.lower import (NotLowered, cast, fake, ge, indirect, lt, masked, meta, op_name, pw, register,
+                                register_prim, value_of, view_node, wrap_negative)
+
+
+# ----------------------------------------------------------------------------------------------- views
+
+@register("view", "_unsafe_view", "reshape", "view_as", "alias", "detach", "lift_fresh", "clone_view")
+def lower_view(L, fx, x, *rest):
+    m = meta(fx)
+    shape = tuple(m.shape)
+    if tuple(x.shape) == shape:
+        return view_node(L, fx, x, lambda idx: x(idx))
+    src_shape = tuple(x.shape)
+    strides = contiguous_strides(shape)
+    return view_node(L, fx, x, lambda idx: x(unflatten(linear(idx, strides), src_shape)))
+
+
+@register("permute")
+def lower_permute(L, fx, x, dims):
+    dims = [d % max(len(x.shape), 1) for d in dims]
+
+    def fn(idx):
+        src = [None] * len(dims)
+        for out_d, in_d in enumerate(dims):
+            src[in_d] = idx[out_d]
+        return x(src)
+    return view_node(L, fx, x, fn)
+
+
+@register("transpose", "t")
+def lower_transpose(L, fx, x, d0=0, d1=1):
+    n = len(x.shape)
+    if n < 2:
+        return view_node(L, fx, x, lambda idx: x(idx))
+    d0, d1 = d0 % n, d1 % n
+
+    def fn(idx):
+        idx = list(idx)
+        idx[d0], idx[d1] = idx[d1], idx[d0]
+        return x(idx)
+    return view_node(L, fx, x, fn)
+
+
+@register("expand", "expand_as", "broadcast_to")
+def lower_expand(L, fx, x, *rest):
+    shape = tuple(meta(fx).shape)
+    return view_node(L, fx, x, lambda idx: value_of(x, idx, shape))
+
+
+@register("slice")
+def lower_slice(L, fx, x, dim=0, start=None, end=None, step=1):
+    n = len(x.shape)
+    dim %= n
+    size = x.shape[dim]
+    start = 0 if start is None else start
+    start = max(0, min(size, start + size if start < 0 else start))
+
+    def fn(idx):
+        idx = list(idx)
+        idx[dim] = Ix.of(idx[dim]) * step + start
+        return x(idx)
+    return view_node(L, fx, x, fn)
+
+
+@register("split_with_sizes", "split", "unbind", "chunk", "tensor_split")
+def lower_split(L, fx, x, *args, **kw):
+    """several views at once: each output is a slice (unbind: a select) of x."""
+    vals = meta(fx)
+    name = op_name(fx.target)
+    dim = (args[0] if args else kw.get("dim", 0)) if name == "unbind" else (args[1] if len(args) > 1 else kw.get("dim", 0))
+    dim %= len(x.shape)
+    outs, start = [], 0
+    for i, v in enumerate(vals):
+        size = 1 if name == "unbind" else v.shape[dim]
+        s0 = start
+
+        def fn(idx, s0=s0):
+            idx = list(idx)
+            if name == "unbind":
+                idx.insert(dim, Ix.of(s0))
+            else:
+                idx[dim] = Ix.of(idx[dim]) + s0
+            return x(idx)
+        node = ir.pointwise(L.fresh("view"), tuple(v.shape), v.dtype, fn, fx=fx, ops=(name,), view_of=x)
+        node.meta["out_index"] = i
+        node.meta["fake"] = v
+        outs.append(node)
+        start += size
+    return tuple(outs)
+
+
+@register("select")
+def lower_select(L, fx, x, dim, index):
+    dim %= len(x.shape)
+    index = index + x.shape[dim] if index < 0 else index
+    return view_node(L, fx, x, lambda idx: x(list(idx[:dim]) + [Ix.of(index)] + list(idx[dim:])))
+
+
+@register("squeeze", "unsqueeze")
+def lower_squeeze(L, fx, x, *rest):
+    shape = tuple(meta(fx).shape)
+    keep = [i for i, s in enumerate(shape) if s != 1]
+    src_keep = [i for i, s in enumerate(x.shape) if s != 1]
+
+    def fn(idx):
+        src = [Ix()] * len(x.shape)
+        for i, j in zip(src_keep, keep):
+            src[i] = idx[j]
+        return x(src)
+    return view_node(L, fx, x, fn)
+
+
+@register("as_strided")
+def lower_as_strided(L, fx, x, size, stride, offset=None):
+    f = fake(x)
+    if x.kind != "buffer" and tuple(f.stride()) != contiguous_strides(f.shape):
+        raise NotLowered("as_strided over a non-contiguous intermediate")
+    offset = f.storage_offset() if offset is None else offset
+    if x.kind == "buffer":   # relative to the tensor's data_ptr(), which already includes its storage offset
+        offset -= f.storage_offset()
+        return view_node(L, fx, x, lambda idx: ir.Load(x, linear(idx, stride, offset), x.dtype,
+                                                      mask=ir.MASKS[-1] if ir.MASKS else None))
+    return view_node(L, fx, x, lambda idx: x(unflatten(linear(idx, stride, offset), tuple(x.shape))))
+
+
+# ------------------------------------------------------------------------------- cat / pad / gather
+
+@register("cat")
+def lower_cat(L, fx, tensors, dim=0):
+    m = meta(fx)
+    dim %= len(m.shape)
+    parts = [t for t in tensors if isinstance(t, ir.Node) and t.numel > 0]
+    out = m.dtype
+
+    def fn(idx):
+        offs, acc = [], 0
+        for t in parts:
+            offs.append(acc)
+            acc += t.shape[dim]
+        v = None
+        for t, off in reversed(list(zip(parts, offs))):
+            sub = list(idx)
+            sub[dim] = Ix.of(idx[dim]) + (-off) if off else idx[dim]
+            if v is None:
+                v = cast(t(sub), out) if off == 0 else masked(ge(idx[dim], off), lambda: cast(t(sub), out))
+            else:
+                cond = lt(idx[dim], off + t.shape[dim])
+                v = Op("where", [cond, masked(cond, lambda: cast(t(sub), out)), v], out)
+        return v
+    return pw(L, fx, fn)
+
+
+@register("constant_pad_nd")
+def lower_pad(L, fx, x, pad, value=0):
+    m = meta(fx)
+    n = len(m.shape)
+    out = m.dtype
+
+    def fn(idx):
+        sub, conds = list(idx), []
+        for i in range(len(pad) // 2):
+            d = n - 1 - i
+            lo = pad[2 * i]
+            sub[d] = Ix.of(idx[d]) + (-lo)
+            if lo > 0:
+                conds.append(ge(idx[d], lo))
+            if lo + x.shape[d] < m.shape[d]:
+                conds.append(lt(idx[d], lo + x.shape[d]))
+        if not conds:
+            return cast(x(sub), out)
+        cond = conds[0]
+        for c in conds[1:]:
+            cond = Op("and", [cond, c], torch.bool)
+        return Op("where", [cond, masked(cond, lambda: cast(x(sub), out)), Const(value, out)], out)
+    return pw(L, fx, fn)
+
+
+@register("embedding")
+def lower_embedding(L, fx, weight, indices, *rest):
+    k = len(indices.shape)
+    return pw(L, fx, lambda idx: weight([indirect(indices(idx[:k]))] + list(idx[k:])))
+
+
+@register("index_select")
+def lower_index_select(L, fx, x, dim, index):
+    dim %= max(len(x.shape), 1)
+
+    def fn(idx):
+        idx = list(idx)
+        if len(x.shape):
+            idx[dim] = indirect(index([idx[dim]] if index.shape else []))
+        return x(idx)
+    return pw(L, fx, fn)
+
+
+@register("gather")
+def lower_gather(L, fx, x, dim, index, sparse_grad=False):
+    dim %= max(len(x.shape), 1)
+
+    def fn(idx):
+        src = list(idx)
+        if len(x.shape):
+            src[dim] = indirect(index(idx))
+        return x(src)
+    return pw(L, fx, fn)
+
+
+@register("index")
+def lower_index(L, fx, x, indices):
+    """x[i0, i1, ...] with index tensors on leading dims only (the common case); else fallback."""
+    indices = list(indices)
+    if not indices or any(i is None for i in indices) or any(i.dtype == torch.bool for i in indices):
+        raise NotLowered("advanced indexing beyond leading integer index tensors")
+    shapes = {tuple(i.shape) for i in indices}
+    if len(shapes) != 1:
+        raise NotLowered("index tensors of different shapes")
+    k = len(next(iter(shapes)))
+
+    def fn(idx):
+        src = [indirect(wrap_negative(cast(i(idx[:k]), torch.int64), x.shape[d])) for d, i in enumerate(indices)]
+        return x(src + list(idx[k:]))
+    return pw(L, fx, fn)
+
+
+@register_prim("broadcast_in_dim")
+def prim_broadcast_in_dim(L, fx, x, shape, bdims):
+    def fn(idx):
+        return x([Ix() if x.shape[i] == 1 else idx[d] for i, d in enumerate(bdims)])
+    return view_node(L, fx, x, fn)
+
+
+
+
+@register("flip")
+def lower_flip(L, fx, x, dims):
+    """out[i] = x[size - 1 - i] on the flipped dims; the reversed index stays an opaque non-negative base."""
+    n = len(x.shape)
+    dims = {d % n for d in dims} if n else set()
+
+    def fn(idx):
+        src = list(idx)
+        for d in dims:
+            size = x.shape[d]
+            i = Ix.of(idx[d])
+            if size <= 1:
+                continue
+            if any(not isinstance(b, str) for b in i.bases()):
+                raise NotLowered("flip of an indirect index")
+            src[d] = Ix([Term(f"({size - 1} - ({i.render()}))", size, 1, None, 1)])
+        return x(src)
+    return view_node(L, fx, x, fn)
+
+
+@register("scatter")
+def lower_scatter(L, fx, x, dim, index, src, reduce=None):
+    """scatter with one index per slice along `dim` (one-hot style: cross-entropy's backward, label smoothing)."""
+    if reduce is not None:
+        raise NotLowered(f"scatter with reduce={reduce!r}")
+    n = len(x.shape)
+    dim %= max(n, 1)
+    if not n or index.shape[dim] != 1 or any(index.shape[d] != x.shape[d] for d in range(n) if d != dim):
+        raise NotLowered("scatter with more than one index per slice")
+    out = meta(fx).dtype
+
+    def fn(idx):
+        at = list(idx)
+        at[dim] = Ix()
+        hit = Op("eq", [cast(index(at), torch.int64), IndexValue(idx[dim])], torch.bool)
+        new = cast(src(at), out) if isinstance(src, ir.Node) else Const(src, out)
+        return Op("where", [hit, new, cast(x(idx), out)], out)
+    return pw(L, fx, fn)
+
+
+@register("index_put")
+def lower_index_put(L, fx, x, indices, values, accumulate=False):
+    """out = x; out[idx] += values (embedding backward): an init kernel, then an atomic-add kernel over values."""
+    indices = list(indices)
+    m = meta(fx)
+    if not accumulate or len(indices) != 1 or indices[0] is None or indices[0].dtype == torch.bool:
+        raise NotLowered("index_put other than accumulate=True with one integer index tensor")
+    if m.dtype != torch.float32:
+        raise NotLowered(f"index_put accumulate in {m.dtype} (atomics are generated for float32 only)")
+    index = indices[0]
+    k = len(index.shape)
+    vshape = tuple(index.shape) + tuple(x.shape[1:])
+    if tuple(values.shape) != vshape if isinstance(values, ir.Node) else True:
+        raise NotLowered("index_put with broadcast values")
+    out = ir.pointwise(L.fresh("scatter"), tuple(m.shape), m.dtype, lambda idx: cast(x(idx), m.dtype), fx=fx,
+                       ops=("index_put",))
+
+    def add_fn(idx):
+        return cast(values(idx), m.dtype)
+    add = ir.pointwise(L.fresh("scatter_add"), vshape, m.dtype, add_fn, fx=fx, ops=("index_put",))
+    add.meta["atomic_into"] = out
+    add.meta["atomic_index"] = lambda idx: [indirect(wrap_negative(cast(index(idx[:k]), torch.int64), x.shape[0]))] \
+        + list(idx[k:])
+    add.meta["fake"] = values.meta["fake"]
+    add.meta["device"] = m.device
+    out.meta["scatter"] = add
+    return out

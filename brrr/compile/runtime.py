@@ -1,0 +1,305 @@
+"""The compiled callable (codegen -> **runtime**): generated Python with every launch written out.
+
+`build(plan, gm, options)` generates each kernel's Triton module, loads them from the on-disk cache (compiling
+missing ones in a thread pool), and writes one Python function `call(args)` that allocates buffers, launches
+kernels with literal grids and calls ATen for Externs/Fallbacks/views - nothing interprets IR at call time.
+If anything brrr made fails on the first call, the graph reruns as ATen (its FX module) with one warning.
+
+Cache: BRRR_CACHE_DIR (default ~/.cache/brrr/kernels)/<sha256(source, triton version, device)>.py, written via
+tmp file + os.replace so concurrent processes never see half a file; an entry whose text differs from the
+source it should hold (corrupt, truncated) is rewritten, and one that fails to import is rebuilt once.
+"""
+
+import concurrent.futures
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+import warnings
+
+import torch
+
+from brrr.compile import ir
+from brrr.compile.codegen.triton import generate
+
+_WARNED = set()
+_MODULES = {}
+
+
+def warn_once(reason):
+    if reason not in _WARNED:
+        _WARNED.add(reason)
+        warnings.warn(f"brrr: {reason}", stacklevel=3)
+
+
+def cache_dir():
+    d = os.environ.get("BRRR_CACHE_DIR")
+    d = os.path.join(d, "kernels") if d else os.path.join(os.path.expanduser("~"), ".cache", "brrr", "kernels")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def cache_key(source, device):
+    import triton
+    h = hashlib.sha256()
+    for part in (source, triton.__version__, device, os.environ.get("TRITON_INTERPRET", "")):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:40]
+
+
+def _write_atomic(path, text):
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".py")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_kernel(source, name, device):
+    """the @triton.jit function `name` from `source`, via the disk cache (rebuilt if corrupt)."""
+    key = cache_key(source, device)
+    if key in _MODULES:
+        return getattr(_MODULES[key], name)
+    path = os.path.join(cache_dir(), f"brrr_{key}.py")
+    for attempt in (0, 1):
+        try:
+            with open(path) as f:
+                ok = f.read() == source
+        except (OSError, UnicodeDecodeError):
+            ok = False
+        if not ok:
+            _write_atomic(path, source)
+        try:
+            spec = importlib.util.spec_from_file_location(f"brrr_kernel_{key}", path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = mod
+            spec.loader.exec_module(mod)
+            _MODULES[key] = mod
+            return getattr(mod, name)
+        except Exception:
+            sys.modules.pop(f"brrr_kernel_{key}", None)
+            if attempt:
+                raise
+            _write_atomic(path, source)   # a stale or damaged entry: rebuild it once
+    raise RuntimeError("unreachable")
+
+
+def generate_all(plan):
+    """KernelSource per kernel step (reverse order, so a reduction read by a later kernel is stored)."""
+    stored = set(plan.stored)
+    kernel_of = {r: k for kind, k in plan.steps if kind == "kernel" for r in k.roots}
+    for n in list(kernel_of) + list(stored):
+        fake = n.meta.get("fake")
+        n.stride = tuple(fake.stride()) if fake is not None and tuple(fake.shape) == tuple(n.shape) \
+            else ir.contiguous(n.shape)
+    out = {}
+    for kind, k in reversed(plan.steps):
+        if kind != "kernel":
+            continue
+        load_stored = {n for n in stored if n.kind == "pointwise" and kernel_of.get(n) is not k}
+        src, refs = generate(k, stored, load_stored, kernel_of)
+        devices = {str(_device_of(a)) for a in src.args}
+        if len(devices) > 1:   # e.g. a CPU scalar tensor read by a CUDA kernel: let ATen handle this graph
+            raise NotImplementedError(f"kernel {k.name} reads tensors on several devices {sorted(devices)}")
+        out[k] = src
+        stored |= refs
+    plan.stored = stored
+    return out
+
+
+class CompiledGraph:
+    """Calls the generated `call`; on the first call, any failure reruns the graph as ATen (once, warned).
+    Boxed calling convention (AOTAutograd passes one list of arguments)."""
+
+    def __init__(self, call, gm, source, cuda_graphs=False):
+        self._boxed_call = True   # in the instance dict: wrappers (functools.wraps) copy it
+        self.call, self.gm, self.source = call, gm, source
+        self.verified = False
+        self.cuda_graphs = cuda_graphs
+        self.graph = None
+
+    def __call__(self, *args):
+        args = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
+        if self.verified:
+            if self.graph is not None:
+                return self.replay(args)
+            return self.call(args)
+        try:
+            out = self.call(args)
+        except Exception as e:   # never crash the user's model because of brrr
+            if os.environ.get("BRRR_DEBUG") == "1":
+                raise
+            warn_once(f"a generated kernel failed ({type(e).__name__}: {str(e)[:200]}); running this graph as ATen")
+            self.call = lambda a: self.gm(*a)
+            self.verified = True
+            return self.call(args)
+        self.verified = True
+        if self.cuda_graphs:
+            self.capture(args)
+        return out
+
+    def capture(self, args):
+        try:
+            self.static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self.static_out = self.call(self.static)
+            self.graph = g
+        except Exception as e:
+            warn_once(f"CUDA graph capture failed ({type(e).__name__}); launching kernels directly")
+            self.graph = None
+
+    def replay(self, args):
+        for s, a in zip(self.static, args):
+            if isinstance(s, torch.Tensor) and s.data_ptr() != a.data_ptr():
+                s.copy_(a)
+        self.graph.replay()
+        return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.static_out)
+
+
+def build(plan, gm, cuda_graphs=False):
+    kernels = generate_all(plan)
+    names, glb = {}, {"torch": torch, "empty_strided": torch.empty_strided, "layout": layout}
+    L = plan.lowering
+
+    def var(node):
+        if node not in names:
+            names[node] = node.name if node.producer == "input" and node.fx is not None else f"buf_{node.name}"
+        return names[node]
+
+    def const(x):
+        if isinstance(x, ir.Node):
+            return var(x)
+        if x is None or isinstance(x, (bool, int, str)):
+            return repr(x)
+        if isinstance(x, float):
+            return repr(x) if x == x and abs(x) != float("inf") else f"float('{x}')"
+        if isinstance(x, (list, tuple)):
+            inner = ", ".join(const(a) for a in x)
+            return f"[{inner}]" if isinstance(x, list) else f"({inner}{',' if len(x) == 1 else ''})"
+        cname = f"c{len(glb)}"
+        glb[cname] = x
+        return cname
+
+    lines = ["def call(args):"]
+    inputs = [n for n in L.nodes if n is not None and n.kind == "buffer" and n.producer == "input"]
+    placeholders = [fx for fx in gm.graph.nodes if fx.op == "placeholder"]
+    lines.append(f"    {', '.join(fx.name for fx in placeholders)}{',' if len(placeholders) == 1 else ''} = args"
+                 if placeholders else "    pass")
+    for n in L.nodes:
+        if n is not None and n.kind == "buffer" and n.producer == "constant":
+            names[n] = const(n.meta["tensor"])
+    for n in inputs:
+        names[n] = n.fx.name
+        if len(n.shape) > 1:
+            lines.append(f"    {n.fx.name} = layout({n.fx.name}, {tuple(n.stride)})")
+    for seed in L.seeds.values():
+        dev = seed.meta["device"]
+        lines.append(f"    {var(seed)} = torch.randint(0, 2**31 - 1, (1,), device={const(torch.device(dev))})")
+    done_fx = {}
+    launches = []
+    allocated = set()
+    for kind, step in plan.steps:
+        if kind == "aten":
+            n = step
+            fx = n.fx
+            if n.kind == "pointwise":   # a view of a materialized tensor: run it as the ATen view it is
+                fn = const(fx.target)
+                args = ", ".join([var(n.view_of)] + [const(a) for a in fx.args[1:]])
+                kw = "".join(f", {k}={const(v)}" for k, v in fx.kwargs.items())
+                i = n.meta.get("out_index")
+                lines.append(f"    {var(n)} = {fn}({args}{kw}){'' if i is None else f'[{i}]'}  # {fx.target}")
+                continue
+            if fx not in done_fx:
+                rv = f"res_{fx.name}"
+                args = torch.fx.node.map_arg(fx.args, lambda a: _fx_var(L, a, var))
+                kwargs = torch.fx.node.map_arg(fx.kwargs, lambda a: _fx_var(L, a, var))
+                a = ", ".join(const(x) for x in args)
+                kw = "".join(f", {k}={const(v)}" for k, v in kwargs.items())
+                tag = "extern" if n.producer == "extern" else f"fallback: {n.reason}"
+                lines.append(f"    {rv} = {const(fx.target)}({a}{kw})  # {tag}")
+                done_fx[fx] = rv
+            i = n.meta.get("out_index")
+            got = f"{done_fx[fx]}{'' if i is None else f'[{i}]'}"
+            if n.meta.get("not_tensor"):
+                lines.append(f"    {var(n)} = {got}")
+            else:   # kernels bake in the layout the meta function promised: hold ATen to it
+                lines.append(f"    {var(n)} = layout({got}, {tuple(n.stride)})")
+        elif kind == "empty":
+            lines.append(f"    {var(step)} = {_alloc(step, const)}")
+        else:
+            ks = kernels[step]
+            for o in ks.stores:
+                if o not in allocated:   # an accumulating scatter adds into the buffer its init kernel wrote
+                    allocated.add(o)
+                    lines.append(f"    {var(o)} = {_alloc(o, const)}")
+            numel = step.xnumel() * (step.rnumel() if step.dims else 1)
+            if step.xnumel() == 0 or (not step.dims and numel == 0):
+                lines.append(f"    # {ks.name}: zero-size, nothing to launch")
+                continue
+            glb[ks.name] = None
+            launches.append(ks)
+            meta = ", ".join(f"{k}={v}" for k, v in ks.meta.items())
+            lines.append(f"    {ks.name}[{ks.grid}]({', '.join(var(a) for a in ks.args)}, {meta})")
+    outs = [var(o) if isinstance(o, ir.Node) else const(o) for o in L.outputs]
+    lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    source = "\n".join(lines) + "\n"
+    device = _device_name(plan)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, max(1, len(launches)))) as pool:
+        futs = {ks.name: pool.submit(_load_and_warm, ks, device) for ks in launches}
+        for name, f in futs.items():
+            glb[name] = f.result()
+    exec(compile(source, f"<brrr call {hash(source) & 0xffffff:x}>", "exec"), glb)
+    return CompiledGraph(glb["call"], gm, source, cuda_graphs=cuda_graphs), kernels
+
+
+def layout(t, stride):
+    """t itself when its strides are the ones kernels were generated for, else a copy with those strides."""
+    if t.stride() == stride or t.numel() <= 1:
+        return t
+    return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _fx_var(L, a, var):
+    v = L.env.get(a)
+    return v if not isinstance(v, tuple) else v
+
+
+def _device_of(node):
+    fake = node.meta.get("fake")
+    if isinstance(fake, torch.Tensor) and fake.device.type != "meta":
+        return fake.device
+    return node.meta.get("device") or "meta"
+
+
+def _alloc(node, const):
+    fake = node.meta["fake"]
+    return (f"empty_strided({tuple(node.shape)}, {tuple(node.stride)}, dtype={const(node.dtype)}, "
+            f"device={const(fake.device if str(fake.device) != 'meta' else node.meta.get('device', 'cpu'))})")
+
+
+def _device_name(plan):
+    for n in plan.lowering.nodes:
+        if n is not None and n.meta.get("fake") is not None and isinstance(n.meta["fake"], torch.Tensor):
+            d = n.meta["fake"].device
+            if d.type == "cuda":
+                return torch.cuda.get_device_name(d)
+            return str(d.type)
+    return "cpu"
+
+
+def _load_and_warm(ks, device):
+    k = load_kernel(ks.source, ks.name, device)
+    if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available():
+        try:   # compile now, in this worker, rather than at the first launch (dtypes stand in for tensors)
+            k.warmup(*[a.dtype for a in ks.args], grid=ks.grid, **ks.meta)
+        except Exception:
+            pass
+    return k

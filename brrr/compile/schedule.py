@@ -1,0 +1,281 @@
+"""Fusion: which IR nodes share a kernel and which are stored (lower -> **schedule** -> codegen -> runtime).
+
+Pointwise nodes are functions, so they are inlined into whoever reads them (vertical fusion for free); a node
+gets a buffer only when it must: graph output, input to an Extern/Fallback (views of a stored tensor stay ATen
+views), or several consumers in different iteration spaces where recomputing costs more bytes than storing it
+(brrr.cost decides). The "roots" - stored pointwise nodes and every reduction - are then packed, in order, into
+kernels that share an iteration space: a pointwise space `S`, or a reduction space `(S, dims)` that also takes
+pointwise prologues/epilogues of shape `S` and per-row outputs (softmax, layer norm: one kernel). Each refusal
+is recorded with its reason for explain.
+"""
+
+from dataclasses import dataclass, field
+
+from brrr.compile import ir
+from brrr.compile.indexing import Ix, contiguous_strides, linear, unflatten
+
+
+@dataclass(eq=False)
+class Kernel:
+    name: str
+    shape: tuple                       # the iteration space S
+    dims: tuple = ()                   # reduced dims of S (empty: pointwise kernel)
+    roots: list = field(default_factory=list)
+    closed: bool = False               # takes no other roots (an accumulating scatter and its init)
+
+    @property
+    def is_reduction(self):
+        return bool(self.dims)
+
+    def kept(self):
+        return tuple(s for d, s in enumerate(self.shape) if d not in self.dims)
+
+    def reduced(self):
+        return tuple(s for d, s in enumerate(self.shape) if d in self.dims)
+
+    def xnumel(self):
+        return _prod(self.kept())
+
+    def rnumel(self):
+        return _prod(self.reduced()) if self.dims else 1
+
+    def full_index(self):
+        """Ix per dim of S in terms of xindex (kept dims) and rindex (reduced dims)."""
+        xs = iter(unflatten(Ix.var("xindex", self.xnumel()), self.kept()))
+        rs = iter(unflatten(Ix.var("rindex", self.rnumel()), self.reduced()) if self.dims else [])
+        return [next(rs) if d in self.dims else next(xs) for d in range(len(self.shape))]
+
+    def row_index(self, shape):
+        """Ix per dim of a per-row node of `shape` (same non-1 sizes as the kept dims)."""
+        xs = iter([i for i, s in zip(unflatten(Ix.var("xindex", self.xnumel()), self.kept()), self.kept()) if s != 1])
+        return [Ix() if s == 1 else next(xs) for s in shape]
+
+    def index_for(self, node):
+        """the index at which `node` is computed in this kernel, or None when it does not fit."""
+        if node.kind == "reduction":
+            return self.full_index() if (node.src_shape, node.dims) == (self.shape, self.dims) else None
+        if tuple(node.shape) == tuple(self.shape):
+            return self.full_index()
+        if self.dims and _squeeze(node.shape) == _squeeze(self.kept()):
+            return self.row_index(node.shape)
+        return None
+
+    def is_row(self, node):
+        return node.kind == "reduction" or (self.dims and tuple(node.shape) != tuple(self.shape))
+
+
+def _prod(xs):
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def _squeeze(shape):
+    return tuple(s for s in shape if s != 1)
+
+
+def load_bytes(node, accessed):
+    """bytes a kernel reading `accessed` elements of `node` moves: brrr.cost's touched bytes of the buffer,
+    capped by what the kernel can touch (a gather reads a few rows of a large table)."""
+    from brrr.cost.ops import nbytes_touched, tensor_bytes
+    fake = node.meta["fake"]
+    return min(tensor_bytes(fake), nbytes_touched((accessed,), (1,), fake.element_size()))
+
+
+@dataclass
+class Plan:
+    steps: list                  # ("kernel", Kernel) | ("aten", Node)
+    stored: set                  # nodes that get a buffer written by a kernel
+    refusals: list               # (node, reason)
+    lowering: object
+
+
+class Scheduler:
+    def __init__(self, L):
+        self.L = L
+        self.nodes = [n for n in L.nodes if n is not None]
+        self.steps = []
+        self.position = {}         # node -> index of the step that produces it
+        self.kernel_of = {}        # root -> Kernel
+        self.stored = set()
+        self.host_views = set()
+        self.refusals = []
+
+    # ------------------------------------------------------------------ what must have memory
+    def require(self, node):
+        if not isinstance(node, ir.Node) or node.kind == "buffer" or node in self.host_views:
+            return
+        if node.view_of is not None and node.kind == "pointwise" and node.fx is not None and node.fx.op == "call_function":
+            self.host_views.add(node)
+            self.require(node.view_of)
+            return
+        self.stored.add(node)
+
+    def required(self):
+        for o in self.L.outputs:
+            self.require(o)
+        for n in self.nodes:
+            if n.kind == "buffer" and n.producer in ("extern", "fallback"):
+                for a in _fx_inputs(n, self.L):
+                    self.require(a)
+        self.recompute_or_store()
+
+    def recompute_or_store(self):
+        """a pointwise node read by consumers in k different iteration spaces: store it when
+        in_bytes + out_bytes * (k + 1) < k * in_bytes (brrr.cost's tensor_bytes for each side)."""
+        from brrr.cost.ops import tensor_bytes
+        users = {}
+        for n in self.nodes:
+            if n.kind == "buffer" or n.fx is None:
+                continue
+            for u in n.fx.users:
+                for un in _ir_of(self.L, u):
+                    users.setdefault(n, set()).add(_space(un))
+        for n, spaces in users.items():
+            if n.kind != "pointwise" or n.view_of is not None or n in self.stored or len(spaces) < 2:
+                continue
+            reads = {}
+            for v in ir.walk(n(unflatten(Ix.var("xindex", max(n.numel, 1)), n.shape))):
+                if isinstance(v, ir.Load):
+                    reads[v.buf] = load_bytes(v.buf, n.numel)
+            in_b, out_b, k = sum(reads.values()), tensor_bytes(n.meta["fake"]), len(spaces)
+            if in_b + out_b * (k + 1) < k * in_b:
+                self.stored.add(n)
+                self.refusals.append((n, f"stored: read by {k} iteration spaces; recomputing would move "
+                                         f"{k * in_b} bytes, storing {in_b + out_b * (k + 1)}"))
+
+    # ------------------------------------------------------------------ packing roots into kernels
+    def deps(self, kernel, node, idx):
+        """(ok, reason): can `node`, computed at `idx`, live in `kernel` (at its step position)?"""
+        pos = self.position.get(kernel, len(self.steps))
+        ident = self.kernel_of.get(next(iter(kernel.roots), None)) or kernel
+        prev = ir.LOAD_STORED
+        ir.LOAD_STORED = {n for n, k in self.kernel_of.items() if n.kind == "pointwise" and k is not ident}
+        ir._RECORD.append(set())
+        try:
+            value = node.body(idx) if node.kind == "reduction" else node.fn(list(idx))
+        finally:
+            ir._RECORD.pop()
+            ir.LOAD_STORED = prev
+        xflat = Ix.var("xindex", kernel.xnumel())
+        for v in ir.walk(value):
+            if isinstance(v, ir.Load):
+                if self.position.get(v.buf, -1) >= pos and v.buf.producer not in ("input", "seed", "constant"):
+                    return False, f"reads {v.buf.name}, produced after kernel {kernel.name}"
+            elif isinstance(v, ir.ReduceRef):
+                r = v.node
+                if self.kernel_of.get(r) is kernel:
+                    if not kernel.is_row(node) and node.kind == "reduction" and r is node:
+                        continue
+                    if linear(v.idx, contiguous_strides(r.shape)) != xflat:
+                        return False, f"reads reduction {r.name} of kernel {kernel.name} at another row"
+                elif self.kernel_of.get(r) is None or self.position[self.kernel_of[r]] >= pos:
+                    return False, f"reads reduction {r.name} not computed before kernel {kernel.name}"
+        return True, ""
+
+    def place(self, node):
+        kernels = [s for kind, s in self.steps if kind == "kernel"]
+        last_reason = None
+        for k in reversed(kernels):
+            if k.closed:
+                continue
+            idx = k.index_for(node)
+            upgrade = None
+            if idx is None and node.kind == "reduction" and not k.dims and tuple(k.shape) == tuple(node.src_shape):
+                upgrade = Kernel(k.name, k.shape, node.dims, k.roots)   # a pointwise kernel becomes its prologue
+                idx = upgrade.full_index()
+            if idx is None:
+                last_reason = last_reason or (f"iteration space {_space(node)} differs from kernel {k.name}'s "
+                                              f"{list(k.shape)}{' over ' + str(list(k.dims)) if k.dims else ''}")
+                continue
+            target = upgrade or k
+            if upgrade is not None:
+                self.position[upgrade] = self.position[k]
+                ok = all(self.deps(upgrade, r, upgrade.index_for(r))[0] for r in k.roots)
+                if not ok:
+                    continue
+            ok, why = self.deps(target, node, idx)
+            if not ok:
+                last_reason = why
+                continue
+            if upgrade is not None:
+                k.dims = node.dims
+                self.position.pop(upgrade, None)
+            k.roots.append(node)
+            self.kernel_of[node] = k
+            self.position[node] = self.position[k]
+            return
+        k = Kernel(f"k{len(kernels)}", tuple(node.src_shape if node.kind == "reduction" else node.shape),
+                   node.dims if node.kind == "reduction" else ())
+        if kernels and last_reason:
+            self.refusals.append((node, last_reason))
+        self.position[k] = len(self.steps)
+        self.position[node] = len(self.steps)
+        self.steps.append(("kernel", k))
+        k.roots.append(node)
+        self.kernel_of[node] = k
+
+    def place_scatter(self, n):
+        """index_put(accumulate=True): a kernel writes the initial tensor into n's buffer, then a kernel over the
+        values adds them in with atomics. Both are closed; every reader loads n's buffer after them."""
+        self.stored.add(n)
+        init = Kernel(f"k{sum(1 for kind, _ in self.steps if kind == 'kernel')}", tuple(n.shape), (), [n], True)
+        self.position[init] = len(self.steps)
+        self.steps.append(("kernel", init))
+        self.kernel_of[n] = init
+        add = n.meta["scatter"]
+        k = Kernel(f"k{sum(1 for kind, _ in self.steps if kind == 'kernel')}", tuple(add.shape), (), [add], True)
+        self.position[k] = len(self.steps)
+        self.steps.append(("kernel", k))
+        self.kernel_of[add] = k
+        self.position[n] = self.position[add] = self.position[k]
+
+    def run(self):
+        self.required()
+        for n in self.nodes:
+            if n.kind == "buffer":
+                if n.producer in ("extern", "fallback"):
+                    self.position[n] = len(self.steps)
+                    self.steps.append(("aten", n))
+                else:
+                    self.position[n] = -1
+            elif n in self.host_views:
+                self.position[n] = len(self.steps)
+                self.steps.append(("aten", n))
+            if n.meta.get("scatter") is not None:
+                self.place_scatter(n)
+                continue
+            if n.kind == "reduction" or (n.kind == "pointwise" and n in self.stored):
+                if n.numel == 0 and n.kind == "pointwise":
+                    self.position[n] = len(self.steps)
+                    self.steps.append(("empty", n))
+                    continue
+                self.place(n)
+        return Plan(self.steps, self.stored, self.refusals, self.L)
+
+
+def _space(n):
+    if n.kind == "reduction":
+        return (tuple(n.src_shape), n.dims)
+    return (tuple(n.shape), ())
+
+
+def _ir_of(L, fx):
+    v = L.env.get(fx)
+    if isinstance(v, ir.Node):
+        return [v]
+    if isinstance(v, tuple):
+        return [x for x in v if isinstance(x, ir.Node)]
+    return []
+
+
+def _fx_inputs(node, L):
+    out = []
+    import torch
+    torch.fx.node.map_arg((node.fx.args, node.fx.kwargs), lambda a: out.extend(_ir_of(L, a)))
+    return out
+
+
+def schedule(L):
+    return Scheduler(L).run()

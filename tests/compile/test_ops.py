@@ -1,0 +1,80 @@
+"""Op-by-op sweep against eager, driven by torch's OpInfo samples: each lowered op family, a few samples each,
+float32 / float16 / bfloat16, plus a non-contiguous variant of each sample (the samples include broadcast and
+zero-size inputs). Everything runs through brrr's kernels in the Triton interpreter (BRRR_DEBUG=1: no silent
+ATen fallback for ops brrr lowers)."""
+
+import pytest
+import torch
+from torch.testing._internal.common_methods_invocations import op_db
+
+from tests.compile.helpers import compiled
+
+OPS = [
+    # pointwise
+    "abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan",
+    "tanh", "sigmoid", "erf", "nn.functional.relu", "reciprocal", "floor", "ceil", "round", "trunc", "sign",
+    "nn.functional.silu", "nn.functional.gelu", "sinh", "cosh", "frac", "square", "isnan", "logical_not",
+    "add", "sub", "mul", "div", "maximum", "minimum", "pow", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
+    "remainder", "fmod", "where", "clamp", "masked_fill", "lerp", "nn.functional.hardtanh", "rsub",
+    # reductions and composites
+    "sum", "mean", "amax", "amin", "var", "var_mean", "std", "prod", "argmax", "argmin", "any", "all",
+    "softmax", "log_softmax", "nn.functional.layer_norm", "nn.functional.rms_norm", "logsumexp",
+    # views and data movement
+    "view", "reshape", "permute", "transpose", "expand", "narrow", "squeeze", "unsqueeze", "select", "t",
+    "nn.functional.embedding", "gather", "index_select", "cat", "nn.functional.pad", "split", "unbind",
+    "zeros_like", "ones_like", "full_like", "clone", "contiguous", "flip", "roll", "scatter", "tril",
+    "nn.functional.cross_entropy", "nn.functional.one_hot",
+]
+SAMPLES = {torch.float32: 3, torch.float16: 2, torch.bfloat16: 2}
+TOL = {torch.float32: dict(rtol=1.3e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3),
+       torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
+BY_NAME = {}
+for _op in op_db:
+    if _op.name in OPS and not _op.variant_test_name and _op.name not in BY_NAME:
+        BY_NAME[_op.name] = _op
+    elif _op.name == "nn.functional.pad" and _op.variant_test_name == "constant":
+        BY_NAME[_op.name] = _op
+
+
+def _cases(op, dtype):
+    samples = []
+    for s in op.sample_inputs("cpu", dtype, requires_grad=False):
+        samples.append(s)
+        if len(samples) >= SAMPLES[dtype]:
+            break
+    out = []
+    for s in samples:
+        out.append(s)
+        nc = s.noncontiguous()
+        out.append(nc)
+    return out
+
+
+def _compare(out, ref, dtype):
+    if isinstance(ref, torch.Tensor):
+        if ref.dtype.is_floating_point:
+            torch.testing.assert_close(out, ref, equal_nan=True, check_stride=False, **TOL[dtype])
+        else:
+            torch.testing.assert_close(out, ref, check_stride=False)
+    elif isinstance(ref, (tuple, list)):
+        for o, r in zip(out, ref):
+            _compare(o, r, dtype)
+
+
+@pytest.mark.parametrize("dtype", list(SAMPLES), ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("name", [n for n in OPS])
+def test_op_matches_eager(name, dtype):
+    op = BY_NAME.get(name)
+    if op is None:
+        pytest.skip(f"{name} not in this torch's op_db")
+    if dtype not in op.supported_dtypes("cpu"):
+        pytest.skip(f"{name} has no {dtype} on CPU")
+    for sample in _cases(op, dtype):
+        torch._dynamo.reset()
+        args, kwargs = (sample.input, *sample.args), dict(sample.kwargs)
+
+        def fn(*a):
+            return op(*a, **kwargs)
+        ref = fn(*args)
+        out = compiled(fn)(*args)
+        _compare(out, ref, dtype)
