@@ -23,6 +23,7 @@ from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, o
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
 STAGES = ("ceilings", "capture", "profile", "wall time", "classify")
+WALL_RUNS = 3  # plain steps timed for the wall time (median); the capture's warm-up step already ran
 
 
 @contextmanager
@@ -99,7 +100,7 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
             record.time_s = seconds
 
         stage("wall time")
-        wall = wall_time(step, device)
+        wall = wall_time(step, device, warmup=0, min_runs=WALL_RUNS, max_runs=WALL_RUNS)
         if None in busys:
             busy = device_busy_time(step, device)
         else:

@@ -8,10 +8,11 @@ writer wins. The fusion advice walks those producer -> consumer links.
 Modules: in forward, a stack kept by global module hooks; in backward, the module of the forward op whose
 autograd node is running (matched by the node's sequence number), else "<backward>".
 
-With `mark_ranges=True` each op runs inside `record_function("brrr#<index>")`, so a profiler around the step
+With `mark_ranges=True` each op runs inside a profiler range `brrr#<index>`, so a profiler around the step
 can attribute host time and the device kernels an op launched to that op's record (see timing.py).
 """
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -19,9 +20,11 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from brrr.analyze.step import tensors_in
-from brrr.cost.ops import OpCost, op_cost, tensor_bytes
+from brrr.cost.ops import OpCost, cost_key, has_flop_formula, op_cost, tensor_bytes, written_arguments
 
 RANGE_PREFIX = "brrr#"
+# record_function's C++ core: a profiler range without record_function's own op dispatches (~1 us, not ~7)
+_op_range = torch._C._profiler._RecordFunctionFast
 OUTSIDE_MODEL = {"forward": "<step>", "backward": "<backward>"}
 
 
@@ -70,10 +73,11 @@ def _storage_key(t):
     return (t.device, ptr) if ptr else None
 
 
-def _first_float_dtype(args, out):
-    for t in list(tensors_in(args)) + list(tensors_in(out)):
-        if t.is_floating_point():
-            return t.dtype
+def _first_float_dtype(arg_tensors, outputs):
+    for tensors in (arg_tensors, outputs):
+        for t in tensors:
+            if t.is_floating_point():
+                return t.dtype
     return None
 
 
@@ -84,13 +88,16 @@ def _cost(func, args, kwargs, out):
         return OpCost(0, 0, 0, "other")
 
 
+@functools.cache
+def _op_name(func):
+    return str(func)
+
+
 def _mutated(func, args, kwargs):
     """Tensors an in-place / out= op writes into."""
     written = []
-    for i, arg in enumerate(func._schema.arguments):
-        if arg.alias_info is None or not arg.alias_info.is_write:
-            continue
-        value = kwargs.get(arg.name) if arg.name in kwargs else (args[i] if i < len(args) else None)
+    for i, name in written_arguments(func):
+        value = kwargs.get(name) if name in kwargs else (args[i] if i < len(args) else None)
         written.extend(tensors_in(value))
     return written
 
@@ -152,10 +159,10 @@ class BackwardModules:
                     self.by_sequence_nr.setdefault(node._sequence_nr(), module)
         self.pending.clear()
 
-    def note_forward(self, out, module):
+    def note_forward(self, outputs, module):
         # requires_grad is not set yet below autograd, so keep every floating output until the next op
         if torch.is_grad_enabled() and module is not None:
-            self.pending.append(([t for t in tensors_in(out) if t.is_floating_point()], module))
+            self.pending.append(([t for t in outputs if t.is_floating_point()], module))
 
     def module_of_running_node(self):
         node = torch._C._current_autograd_node()
@@ -176,6 +183,7 @@ class OpTracer(TorchDispatchMode):
         self.records, self.names = [], []
         self.modules, self.backward_modules = ModuleStack(model), BackwardModules(model)
         self._writer = {}  # storage key -> index of the op that last wrote it
+        self._costs = {}   # cost_key -> OpCost of FLOP-formula ops: repeated layers repeat identical calls
 
     def __enter__(self):
         if self.record_costs:
@@ -197,44 +205,59 @@ class OpTracer(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         index = len(self.names)
-        self.names.append(str(func))
+        name = _op_name(func)
+        self.names.append(name)
         if self.mark_ranges:
-            with torch.profiler.record_function(f"{RANGE_PREFIX}{index}"):
+            with _op_range(f"{RANGE_PREFIX}{index}"):
                 out = func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
         if self.record_costs:
-            self._record(index, func, args, kwargs, out)
+            self._record(index, name, func, args, kwargs, out)
         return out
 
-    def _module_and_phase(self, out):
+    def _module_and_phase(self, outputs):
         self.backward_modules.resolve_pending()
         if torch._C._current_graph_task_id() != -1:
             return self.backward_modules.module_of_running_node(), "backward"
         module = self.modules.current()
-        self.backward_modules.note_forward(out, module)
+        self.backward_modules.note_forward(outputs, module)
         return module, "forward"
 
-    def _record(self, index, func, args, kwargs, out):
-        cost = _cost(func, args, kwargs, out)
-        module, phase = self._module_and_phase(out)
-        inputs = list(tensors_in(args)) + list(tensors_in(kwargs))
+    def _cost(self, func, args, kwargs, out):
+        if not has_flop_formula(func):  # the rest price as fast as their cost_key is built
+            return _cost(func, args, kwargs, out)
+        try:
+            key = cost_key(func, args, kwargs, out)
+            cost = self._costs.get(key)
+        except Exception:  # unhashable arguments, tensors without strides: price this call afresh
+            return _cost(func, args, kwargs, out)
+        if cost is None:
+            cost = self._costs[key] = _cost(func, args, kwargs, out)
+        return cost
+
+    def _record(self, index, name, func, args, kwargs, out):
+        arg_tensors = list(tensors_in(args))
+        inputs = arg_tensors + list(tensors_in(kwargs)) if kwargs else arg_tensors
+        outputs = list(tensors_in(out))
+        cost = self._cost(func, args, kwargs, out)
+        module, phase = self._module_and_phase(outputs)
         record = OpRecord(
-            index=index, name=str(func), phase=phase, module=module or OUTSIDE_MODEL[phase],
+            index=index, name=name, phase=phase, module=module or OUTSIDE_MODEL[phase],
             op_class=cost.op_class, flops=cost.flops, bytes_read=cost.bytes_read, bytes_written=cost.bytes_written,
-            dtype=_first_float_dtype(args, out),
+            dtype=_first_float_dtype(arg_tensors, outputs),
             input_shapes=[tuple(t.shape) for t in inputs], input_dtypes=[str(t.dtype) for t in inputs],
         )
-        self._link_producers(record, inputs)
-        self._note_writes(record, func, args, kwargs, out, inputs)
+        input_keys = [_storage_key(t) for t in inputs]
+        self._link_producers(record, inputs, input_keys)
+        self._note_writes(record, func, args, kwargs, outputs, input_keys)
         self.records.append(record)
 
-    def _link_producers(self, record, inputs):
+    def _link_producers(self, record, inputs, input_keys):
         if record.op_class == "view":
             return  # a view reads nothing; whoever reads the view is linked to the real producer
         seen = set()
-        for t in inputs:
-            key = _storage_key(t)
+        for t, key in zip(inputs, input_keys):
             producer = self._writer.get(key)
             if producer is None or (producer, id(t)) in seen:
                 continue
@@ -243,17 +266,16 @@ class OpTracer(TorchDispatchMode):
             if record.index not in self.records[producer].consumers:
                 self.records[producer].consumers.append(record.index)
 
-    def _note_writes(self, record, func, args, kwargs, out, inputs):
-        input_keys = {_storage_key(t) for t in inputs}
+    def _note_writes(self, record, func, args, kwargs, outputs, input_keys):
         if record.op_class == "view":
             # views are transparent: a reader of a view links to the real producer. A fresh allocation
             # (empty, empty_like) forgets whoever used that address before.
-            for t in tensors_in(out):
+            for t in outputs:
                 key = _storage_key(t)
                 if key is not None and key not in input_keys:
                     self._writer.pop(key, None)
             return
-        for t in list(tensors_in(out)) + _mutated(func, args, kwargs):
+        for t in outputs + _mutated(func, args, kwargs):
             key = _storage_key(t)
             if key is not None:
                 self._writer[key] = record.index

@@ -13,6 +13,7 @@ import functools
 import os
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from brrr.compile.runtime import warn_once
 
@@ -129,7 +130,12 @@ def brrr_backend(gm, example_inputs, cuda_graphs=False, _sink=None, **options):
     backend = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference,
                            decompositions=decomposition_table(),
                            partition_fn=min_cut_rematerialization_partition)
-    return backend(gm, example_inputs)
+    # The attention backend is chosen while AOTAutograd traces. In brrr's GPT-2 small bf16 training graph
+    # (H100, torch 2.11) cuDNN attention's backward hit an illegal memory access; eager and Inductor ran the
+    # same op fine. Cause not established: brrr's layout() may hand it `out` and `grad_out` in different
+    # strides. Flash and memory-efficient attention are kept for brrr's graphs.
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        return backend(gm, example_inputs)
 
 
 def make_backend(**options):

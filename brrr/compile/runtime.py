@@ -256,13 +256,20 @@ def build(plan, gm, cuda_graphs=False):
         futs = {ks.name: pool.submit(_load_and_warm, ks, device) for ks in launches}
         for name, f in futs.items():
             glb[name] = f.result()
-    exec(compile(source, f"<brrr call {hash(source) & 0xffffff:x}>", "exec"), glb)
+    filename = f"<brrr call {hash(source) & 0xffffff:x}>"
+    dump_dir = os.environ.get("BRRR_DUMP_DIR")
+    if dump_dir:  # the generated call, to read beside a traceback that points into it
+        os.makedirs(dump_dir, exist_ok=True)
+        with open(os.path.join(dump_dir, f"call-{hash(source) & 0xffffff:x}.py"), "w") as f:
+            f.write(source)
+    exec(compile(source, filename, "exec"), glb)
     return CompiledGraph(glb["call"], gm, source, cuda_graphs=cuda_graphs), kernels
 
 
 def layout(t, stride):
-    """t itself when its strides are the ones kernels were generated for, else a copy with those strides."""
-    if t.stride() == stride or t.numel() <= 1:
+    """t itself when its strides are the ones kernels were generated for, else a copy with those strides.
+    None (an output an ATen op left out, e.g. attention's logsumexp in inference) passes through."""
+    if t is None or t.stride() == stride or t.numel() <= 1:
         return t
     return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
 

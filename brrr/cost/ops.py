@@ -15,6 +15,7 @@ Rules:
   and `*_like` factories read nothing.
 """
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -103,6 +104,24 @@ GATHER_OPS = _names("embedding", "index_select", "gather", "index", "take", "_em
 _REDUCTION_TAG = getattr(torch.Tag, "reduction", None)
 
 
+def _per_op(fact):
+    """Memoize `fact(func)`, a property of the op alone (it's asked several times per traced call)."""
+    cache = {}
+
+    @functools.wraps(fact)
+    def lookup(func):
+        try:
+            return cache[func]
+        except KeyError:
+            value = cache[func] = fact(func)
+            return value
+        except TypeError:  # an unhashable callable: not memoized
+            return fact(func)
+
+    return lookup
+
+
+@_per_op
 def _base_name(func):
     """'aten::native_layer_norm.default' -> 'native_layer_norm'."""
     schema_name = getattr(func, "_schema", None)
@@ -110,10 +129,12 @@ def _base_name(func):
     return name.split("::")[-1].split(".")[0]
 
 
+@_per_op
 def _is_view(func):
     return bool(getattr(func, "is_view", False)) or _base_name(func) in ZERO_BYTE_OPS
 
 
+@_per_op
 def op_class(func):
     name = _base_name(func)
     if _is_view(func):
@@ -166,15 +187,18 @@ def _unique(tensors):
     return out
 
 
+@_per_op
+def written_arguments(func):
+    """(position, name) of each argument the op's schema marks as written (in-place self, out=)."""
+    return tuple((i, arg.name) for i, arg in enumerate(func._schema.arguments)
+                 if arg.alias_info is not None and arg.alias_info.is_write)
+
+
 def _mutated_args(func, args, kwargs):
     """Tensors the schema marks as written (in-place self, out=)."""
     written = []
-    schema = func._schema
-    for i, arg in enumerate(schema.arguments):
-        info = arg.alias_info
-        if info is None or not info.is_write:
-            continue
-        value = kwargs.get(arg.name) if arg.name in kwargs else (args[i] if i < len(args) else None)
+    for i, name in written_arguments(func):
+        value = kwargs.get(name) if name in kwargs else (args[i] if i < len(args) else None)
         written.extend(_tensors(value))
     return written
 
@@ -206,6 +230,12 @@ def op_bytes(func, args, kwargs, out):
     return read, written
 
 
+@_per_op
+def has_flop_formula(func):
+    """Whether op_flops calls torch's FLOP formula for `func` (it costs ~10x the rest of op_cost)."""
+    return getattr(func, "overloadpacket", None) in flop_registry
+
+
 def op_flops(func, args, kwargs, out):
     kwargs = kwargs or {}
     packet = getattr(func, "overloadpacket", None)
@@ -228,3 +258,20 @@ def op_cost(func, args, kwargs, out):
     kwargs = kwargs or {}
     read, written = op_bytes(func, args, kwargs, out)
     return OpCost(op_flops(func, args, kwargs, out), read, written, op_class(func))
+
+
+def cost_key(func, args, kwargs, out):
+    """A hashable summary of one op call that fixes its op_cost: tensors by shape, strides, dtype and which
+    of them are the same tensor, everything else by type and value. Raises TypeError where unhashable."""
+    seen = {}
+    return func, _signature(args, seen), _signature(kwargs, seen), _signature(out, seen)
+
+
+def _signature(value, seen):
+    if isinstance(value, torch.Tensor):
+        return seen.setdefault(id(value), len(seen)), value.shape, value.stride(), value.dtype
+    if isinstance(value, (list, tuple)):
+        return type(value), tuple(_signature(v, seen) for v in value)
+    if isinstance(value, dict):
+        return dict, tuple((k, _signature(v, seen)) for k, v in value.items())
+    return type(value), value

@@ -18,3 +18,55 @@ def _fresh_dynamo():
     torch._dynamo.reset()
     torch.manual_seed(0)
     yield
+
+
+class _BoundsGuard:
+    """Fails any interpreted kernel whose unmasked loads or stores leave the tensors it was given.
+
+    On a GPU such an access is an illegal address (or silent garbage); the interpreter reads host memory and
+    would not notice, so every masked load/store is checked against the storages of the launch's tensors."""
+
+    def __init__(self):
+        from triton.runtime import interpreter
+
+        self.interpreter, self.ranges = interpreter, []
+
+    def install(self):
+        it = self.interpreter
+        guard = self
+        init_args, load, store = (it.GridExecutor._init_args_hst, it.InterpreterBuilder.create_masked_load,
+                                  it.InterpreterBuilder.create_masked_store)
+
+        def init_args_hst(executor, args_dev, kwargs):
+            args_hst, kwargs_hst = init_args(executor, args_dev, kwargs)
+            guard.ranges = [(s.data_ptr(), s.data_ptr() + s.nbytes())
+                            for s in (a.untyped_storage() for a in list(args_hst) + list(kwargs_hst.values())
+                                      if isinstance(a, torch.Tensor))]
+            return args_hst, kwargs_hst
+
+        def checked(op):
+            def run(builder, ptrs, *rest):
+                mask = rest[1] if op is store else rest[0]
+                guard.check(ptrs, mask)
+                return op(builder, ptrs, *rest)
+            return run
+
+        it.GridExecutor._init_args_hst = init_args_hst
+        it.InterpreterBuilder.create_masked_load = checked(load)
+        it.InterpreterBuilder.create_masked_store = checked(store)
+
+    def check(self, ptrs, mask):
+        addresses = np.asarray(ptrs.data, dtype=np.uint64).ravel()
+        if mask is not None:
+            addresses = addresses[np.broadcast_to(np.asarray(mask.data, dtype=bool), ptrs.data.shape).ravel()]
+        if not addresses.size or not self.ranges:
+            return
+        itemsize = self.interpreter._get_np_dtype(ptrs.get_element_ty()).itemsize
+        inside = np.zeros(addresses.shape, dtype=bool)
+        for start, end in self.ranges:
+            inside |= (addresses >= start) & (addresses + itemsize <= end)
+        if not inside.all():
+            raise AssertionError(f"kernel accesses {int((~inside).sum())} element(s) outside its tensors")
+
+
+_BoundsGuard().install()

@@ -5,7 +5,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from brrr.cost.ops import OpCost, nbytes_touched, op_bytes, op_class, op_cost, op_flops
+from brrr.cost.ops import OpCost, cost_key, nbytes_touched, op_bytes, op_class, op_cost, op_flops
 
 aten = torch.ops.aten
 
@@ -154,3 +154,13 @@ def test_op_class(func, cls):
 def test_intensity():
     assert OpCost(100, 40, 10, "elementwise").intensity == 2.0
     assert OpCost(0, 0, 0, "view").intensity == float("inf")
+
+
+def test_cost_key_tells_apart_what_changes_the_cost():
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    same = cost_key(aten.mul.Tensor, (x, y), {}, x * y)
+    assert cost_key(aten.mul.Tensor, (torch.randn(4, 8), torch.randn(4, 8)), {}, x * y) == same
+    assert cost_key(aten.mul.Tensor, (x, x), {}, x * x) != same  # one tensor read twice is read once
+    assert cost_key(aten.mul.Tensor, (x, y.t().contiguous().t()), {}, x * y) != same  # other strides
+    assert cost_key(aten.mul.Tensor, (x, y.double()), {}, x * y) != same
+    assert cost_key(aten.mul.Tensor, (x, 2), {}, x * 2) != cost_key(aten.mul.Tensor, (x, 2.0), {}, x * 2)

@@ -152,8 +152,11 @@ def lower_cat(L, fx, tensors, dim=0):
             if v is None:
                 v = cast(t(sub), out) if off == 0 else masked(ge(idx[dim], off), lambda: cast(t(sub), out))
             else:
-                cond = lt(idx[dim], off + t.shape[dim])
-                v = Op("where", [cond, masked(cond, lambda: cast(t(sub), out)), v], out)
+                # the where-chain picks part i when idx < end_i, but its loads need both bounds: part i read
+                # at idx < off_i is a negative index (an illegal address on the GPU, GPT-2's qkv backward)
+                upper = lt(idx[dim], off + t.shape[dim])
+                inside = upper if off == 0 else Op("and", [ge(idx[dim], off), upper], torch.bool)
+                v = Op("where", [upper, masked(inside, lambda: cast(t(sub), out)), v], out)
         return v
     return pw(L, fx, fn)
 
