@@ -18,7 +18,7 @@ from brrr.analyze.analysis import Analysis
 from brrr.callable_package import make_callable
 from brrr.analyze.capture import OpRecord, capture, trace_names
 from brrr.analyze.step import Step, resolve_device
-from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, op_times, profiled, wall_time
+from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, op_times, profiled, timed_step, wall_time
 
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
@@ -81,7 +81,9 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         ceilings = get_ceilings(device, progress=progress)  # before our bar: rich allows one live display
     with _stage_bar(progress) as stage:
         stage("capture")
-        step()  # warm-up: first-call costs out of the way, and a model that raises fails here
+        # warm-up: first-call costs out of the way, a model that raises fails here; also one wall-time
+        # sample (the median of WALL_RUNS absorbs a slow first call)
+        first_wall = timed_step(step, device)
         with profiled(device) as prof:
             records = capture(step)
         names = [r.name for r in records]
@@ -100,7 +102,7 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
             record.time_s = seconds
 
         stage("wall time")
-        wall = wall_time(step, device, warmup=0, min_runs=WALL_RUNS, max_runs=WALL_RUNS)
+        wall = wall_time(step, device, warmup=0, min_runs=WALL_RUNS, max_runs=WALL_RUNS, samples=[first_wall])
         if None in busys:
             busy = device_busy_time(step, device)
         else:

@@ -111,18 +111,24 @@ def median_times(runs):
     return [statistics.median(values) for values in zip(*runs)]
 
 
-def wall_time(step, device, warmup=1, min_runs=3, max_runs=10, budget_s=0.2):
-    """Median seconds of a plain step, as many runs as fit in `budget_s` (within [min_runs, max_runs])."""
+def timed_step(step, device):
+    """Seconds of one plain step, synchronized on both sides."""
+    synchronize(device)
+    start = time.perf_counter()
+    step()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def wall_time(step, device, warmup=1, min_runs=3, max_runs=10, budget_s=0.2, samples=()):
+    """Median seconds of a plain step, as many runs as fit in `budget_s` (within [min_runs, max_runs]);
+    `samples` already taken count towards the runs."""
     for _ in range(warmup):
         step()
-    synchronize(device)
-    samples = []
+    samples = list(samples)
     deadline = time.perf_counter() + budget_s
     while len(samples) < min_runs or (len(samples) < max_runs and time.perf_counter() < deadline):
-        start = time.perf_counter()
-        step()
-        synchronize(device)
-        samples.append(time.perf_counter() - start)
+        samples.append(timed_step(step, device))
     return statistics.median(samples)
 
 
