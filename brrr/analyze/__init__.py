@@ -16,9 +16,10 @@ import torch
 
 from brrr.analyze.analysis import Analysis
 from brrr.callable_package import make_callable
+from brrr.cost.device import time_once
 from brrr.analyze.capture import OpRecord, capture, trace_names
 from brrr.analyze.step import Step, resolve_device
-from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, op_times, profiled, timed_step, wall_time
+from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, op_times, profiled, wall_time
 
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
@@ -83,7 +84,7 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         stage("capture")
         # warm-up: first-call costs out of the way, a model that raises fails here; also one wall-time
         # sample (the median of WALL_RUNS absorbs a slow first call)
-        first_wall = timed_step(step, device)
+        first_wall = time_once(step, device)
         with profiled(device) as prof:
             records = capture(step)
         names = [r.name for r in records]

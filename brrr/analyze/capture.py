@@ -19,8 +19,8 @@ import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from brrr.analyze.step import tensors_in
-from brrr.cost.ops import OpCost, cost_key, has_flop_formula, op_cost, tensor_bytes, written_arguments
+from brrr.cost.ops import (OpCost, cost_key, has_flop_formula, mutated_tensors, op_cost, tensor_bytes,
+                           tensors_in)
 
 RANGE_PREFIX = "brrr#"
 # record_function's C++ core: a profiler range without record_function's own op dispatches (~1 us, not ~7)
@@ -91,15 +91,6 @@ def _cost(func, args, kwargs, out):
 @functools.cache
 def _op_name(func):
     return str(func)
-
-
-def _mutated(func, args, kwargs):
-    """Tensors an in-place / out= op writes into."""
-    written = []
-    for i, name in written_arguments(func):
-        value = kwargs.get(name) if name in kwargs else (args[i] if i < len(args) else None)
-        written.extend(tensors_in(value))
-    return written
 
 
 class ModuleStack:
@@ -275,7 +266,7 @@ class OpTracer(TorchDispatchMode):
                 if key is not None and key not in input_keys:
                     self._writer.pop(key, None)
             return
-        for t in outputs + _mutated(func, args, kwargs):
+        for t in outputs + mutated_tensors(func, args, kwargs):
             key = _storage_key(t)
             if key is not None:
                 self._writer[key] = record.index

@@ -7,19 +7,8 @@ clear errors for bad input (no inputs, a model that raises, an output with nothi
 
 import torch
 
+from brrr.cost.ops import tensors_in
 from brrr.errors import BrrrError
-
-
-def tensors_in(value):
-    """Every tensor inside nested tuples/lists/dicts (HF ModelOutput is a dict), in order."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from tensors_in(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from tensors_in(v)
 
 
 def resolve_device(model, inputs, device=None):
@@ -33,11 +22,6 @@ def resolve_device(model, inputs, device=None):
     if found is not None and found.type != device.type:
         raise BrrrError(f"analyze(device={str(device)!r}) but the inputs are on {found}; move them first")
     return found if found is not None and found.type == device.type else device
-
-
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def loss_of(output):

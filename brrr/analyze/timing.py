@@ -25,7 +25,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from brrr.analyze.capture import RANGE_PREFIX
-from brrr.analyze.step import synchronize
+from brrr.cost.device import synchronize, time_once
 
 STEP_RANGE = "brrr-step"
 
@@ -111,15 +111,6 @@ def median_times(runs):
     return [statistics.median(values) for values in zip(*runs)]
 
 
-def timed_step(step, device):
-    """Seconds of one plain step, synchronized on both sides."""
-    synchronize(device)
-    start = time.perf_counter()
-    step()
-    synchronize(device)
-    return time.perf_counter() - start
-
-
 def wall_time(step, device, warmup=1, min_runs=3, max_runs=10, budget_s=0.2, samples=()):
     """Median seconds of a plain step, as many runs as fit in `budget_s` (within [min_runs, max_runs]);
     `samples` already taken count towards the runs."""
@@ -128,7 +119,7 @@ def wall_time(step, device, warmup=1, min_runs=3, max_runs=10, budget_s=0.2, sam
     samples = list(samples)
     deadline = time.perf_counter() + budget_s
     while len(samples) < min_runs or (len(samples) < max_runs and time.perf_counter() < deadline):
-        samples.append(timed_step(step, device))
+        samples.append(time_once(step, device))
     return statistics.median(samples)
 
 

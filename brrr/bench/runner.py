@@ -10,7 +10,6 @@ A backend that raises is a row marked "FAILED: reason"; one outside tolerance is
 timed). Neither stops the others. Eager always runs first: it is the reference and the speedup's base.
 """
 
-import time
 
 import torch
 
@@ -18,7 +17,8 @@ from brrr.bench import compare
 from brrr.bench.backends import backend_name, fresh_compile, strict_dynamo
 from brrr.bench.result import BenchResult, BenchRow, dtype_name
 from brrr.bench.step import Step, make_cotangents, to_fp64
-from brrr.bench.timing import synchronize, time_kernel, time_steady
+from brrr.bench.timing import time_kernel, time_steady
+from brrr.cost.device import synchronize, time_once
 
 DEFAULT_BACKENDS = ("eager", "inductor", "brrr")
 
@@ -38,14 +38,6 @@ def _output_dtype(outputs):
         if t.is_floating_point():
             return t.dtype
     return None
-
-
-def _timed_first_call(step, device):
-    synchronize(device)
-    start = time.perf_counter()
-    step()
-    synchronize(device)
-    return time.perf_counter() - start
 
 
 def _peak_memory(step, device):
@@ -184,10 +176,10 @@ def _run_backend(row, model, input_sets, train, device, backend, reference, warm
         row.error_vs_eager = compare.Error.exact()
     else:
         step = make()
-        row.cold_compile_s = _timed_first_call(step, device)
+        row.cold_compile_s = time_once(step, device)
         if compile_warm:
             step = make()
-            row.warm_compile_s = _timed_first_call(step, device)
+            row.warm_compile_s = time_once(step, device)
         outputs, grads = step.run_on_first_inputs()
         row.error_vs_eager, row.error_vs_fp64, wrong = reference.judge(outputs, grads)
         if wrong:

@@ -9,11 +9,12 @@ Two questions, two timers:
   (Python, dispatch, launches) shows up here and hides in time_kernel when the device waits on nobody.
 """
 
-import statistics
 import time
 from dataclasses import dataclass
 
 import torch
+
+from brrr.cost.device import synchronize
 
 
 @dataclass(frozen=True)
@@ -32,12 +33,6 @@ class Timing:
     def to_dict(self):
         return {"median_s": self.median_s, "p20_s": self.p20_s, "p80_s": self.p80_s,
                 "spread": self.spread, "calls": self.calls, "method": self.method}
-
-
-def synchronize(device):
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def quantile(sorted_values, q):

@@ -129,7 +129,6 @@ def record(ex, kind, gm, plan, kernels):
     for fx in gm.graph.nodes:
         if fx.op == "call_function" and getattr(fx.target, "__name__", "") != "getitem":
             ex.bytes_unfused += _fx_cost(fx)
-    L = plan.lowering
     seen_fx = set()
     for step_kind, step in plan.steps:
         if step_kind == "kernel":

@@ -118,6 +118,22 @@ def datasheet_for(name):
 
 # --- timing ---------------------------------------------------------------------------------------------------
 
+def synchronize(device):
+    """Wait for the device's queued work (a no-op on CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_once(fn, device):
+    """Seconds of one call of fn(), synchronized on both sides."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
 def _median_time(fn, device, reps, rep_ms=100):
     """Median seconds of fn(): CUDA events via triton's do_bench on GPU, perf_counter on CPU."""
     if device.type == "cuda":

@@ -151,16 +151,16 @@ def op_class(func):
     return "other"
 
 
-def _tensors(value):
-    """Every tensor inside nested args/outputs, in order."""
+def tensors_in(value):
+    """Every tensor inside nested tuples/lists/dicts (args, outputs, an HF ModelOutput), in order."""
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from _tensors(v)
+            yield from tensors_in(v)
     elif isinstance(value, dict):
         for v in value.values():
-            yield from _tensors(v)
+            yield from tensors_in(v)
 
 
 def nbytes_touched(shape, strides, itemsize):
@@ -194,19 +194,19 @@ def written_arguments(func):
                  if arg.alias_info is not None and arg.alias_info.is_write)
 
 
-def _mutated_args(func, args, kwargs):
+def mutated_tensors(func, args, kwargs):
     """Tensors the schema marks as written (in-place self, out=)."""
     written = []
     for i, name in written_arguments(func):
         value = kwargs.get(name) if name in kwargs else (args[i] if i < len(args) else None)
-        written.extend(_tensors(value))
+        written.extend(tensors_in(value))
     return written
 
 
 def _gather_bytes(name, args, out_tensors):
     """Bytes read by a gather: the fetched rows plus the indices; written: the output."""
     written = sum(tensor_bytes(t) for t in out_tensors)
-    index_bytes = sum(tensor_bytes(t) for t in _tensors(args[1:]) if not t.is_floating_point())
+    index_bytes = sum(tensor_bytes(t) for t in tensors_in(args[1:]) if not t.is_floating_point())
     return written + index_bytes, written
 
 
@@ -216,15 +216,15 @@ def op_bytes(func, args, kwargs, out):
         return 0, 0
     kwargs = kwargs or {}
     name = _base_name(func)
-    out_tensors = _unique(_tensors(out))
+    out_tensors = _unique(tensors_in(out))
     if name in GATHER_OPS:
         return _gather_bytes(name, args, out_tensors)
-    inputs = _unique(list(_tensors(args)) + list(_tensors(kwargs)))
+    inputs = _unique(list(tensors_in(args)) + list(tensors_in(kwargs)))
     if name.endswith("_like"):  # zeros_like, rand_like, ...: only the input's metadata is used
         inputs = []
     skip = set()
     if name in OVERWRITE_OPS or "out" in kwargs:
-        skip = {id(t) for t in _mutated_args(func, args, kwargs)}
+        skip = {id(t) for t in mutated_tensors(func, args, kwargs)}
     read = sum(tensor_bytes(t) for t in inputs if id(t) not in skip)
     written = sum(tensor_bytes(t) for t in out_tensors)
     return read, written
@@ -245,11 +245,11 @@ def op_flops(func, args, kwargs, out):
     if _is_view(func) or name in COPY_OPS or name in GATHER_OPS:
         return 0
     if name in NORMALIZATION_FLOPS_PER_ELEMENT or op_class(func) == "normalization":
-        largest_input = max((t.numel() for t in _tensors(args)), default=0)
+        largest_input = max((t.numel() for t in tensors_in(args)), default=0)
         return NORMALIZATION_FLOPS_PER_ELEMENT.get(name, 1) * largest_input
     if op_class(func) == "elementwise":
         per_element = ELEMENTWISE_FLOPS_PER_ELEMENT.get(name, ELEMENTWISE_FLOPS_PER_ELEMENT.get(name.rstrip("_"), 1))
-        first_out = next(_tensors(out), None)
+        first_out = next(tensors_in(out), None)
         return per_element * (first_out.numel() if first_out is not None else 0)
     return 0
 

@@ -51,3 +51,14 @@ def console():
     from rich.console import Console
 
     return Console()
+
+
+def report(result, print_result, plot, print_table=True, png=None, json_path=None):
+    """An experiment's outputs: the rich table, the plot and the JSON, each when asked for."""
+    if print_table:
+        print_result(result, console())
+    if png:
+        plot(result, png)
+    if json_path:
+        write_json(json_path, result)
+    return result

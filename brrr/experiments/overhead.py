@@ -83,13 +83,7 @@ def run(example="mlp", device=None, dtype=None, backend=None, png=None, json_pat
         "overhead_bound_batch": bound, "fixed_cost_s": times[0] if times else None,
         "stop_reason": stop_reason, "versions": common.versions(),
     }
-    if print_table:
-        print_result(result, common.console())
-    if png:
-        plot(result, png)
-    if json_path:
-        common.write_json(json_path, result)
-    return result
+    return common.report(result, print_result, plot, print_table, png, json_path)
 
 
 def print_result(result, console):

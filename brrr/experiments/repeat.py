@@ -90,13 +90,7 @@ def run(backend="inductor", device=None, dtype=torch.float32, numel=None, max_re
         "knee_runtime": knee_runtime, "knee_flops": knee_flops,
         "ceilings": common.ceilings_dict(ceilings), "ceilings_note": ceilings_note, "versions": common.versions(),
     }
-    if print_table:
-        print_result(result, common.console())
-    if png:
-        plot(result, png)
-    if json_path:
-        common.write_json(json_path, result)
-    return result
+    return common.report(result, print_result, plot, print_table, png, json_path)
 
 
 def print_result(result, console):

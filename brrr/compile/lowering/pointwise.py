@@ -29,7 +29,6 @@ def lower_unary(L, fx, x, *rest):
     name = UNARY[op_name(fx.target)]
     if rest:
         raise NotLowered(f"{op_name(fx.target)} with extra arguments")
-    out = meta(fx).dtype
     if name in ("isnan", "isinf", "logical_not"):
         cdt = x.dtype if name != "logical_not" else torch.bool
         return pw(L, fx, lambda idx: Op(name, [cast(x(idx), cdt)], torch.bool))

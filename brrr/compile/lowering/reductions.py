@@ -16,7 +16,7 @@ def lower_sum(L, fx, x, dims=None, keepdim=False, *, dtype=None, **kw):
     name = op_name(fx.target)
     m = meta(fx)
     if isinstance(dims, bool):   # any.default / all.default have no dims
-        dims, keepdim = None, False
+        dims = None
     if name == "prod" and isinstance(dims, int) is False and dims is not None and not isinstance(dims, (list, tuple)):
         dims = None
     dims = norm_dims(dims, len(x.shape))
