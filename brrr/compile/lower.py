@@ -28,12 +28,18 @@ class NotLowered(Exception):
     """A lowering refuses this node; the message is the reason shown by explain."""
 
 
-def register(*names):
-    def deco(fn):
-        for n in names:
-            LOWERINGS[n] = fn
-        return fn
-    return deco
+def _registrar(table):
+    """A decorator factory: `@reg("name", ...)` files the function under each name in `table`."""
+    def register_names(*names):
+        def deco(fn):
+            for n in names:
+                table[n] = fn
+            return fn
+        return deco
+    return register_names
+
+
+register = _registrar(LOWERINGS)
 
 
 def op_name(target):
@@ -45,15 +51,7 @@ def meta(fx):
 
 
 PRIMS = {}
-
-
-def register_prim(*names):
-    def deco(fn):
-        for n in names:
-            PRIMS[n] = fn
-        return fn
-    return deco
-
+register_prim = _registrar(PRIMS)
 
 
 # ------------------------------------------------------------------------------------------- helpers
