@@ -113,7 +113,8 @@ def section_mlp(cfg, budget, console, ceilings, out_prefix):
                 results[name] = guarded(budget, _bench_config, console, model, inputs, backends=cfg["backends"],
                                         train=train, progress=True, warmup=cfg["warmup"], rep=cfg["rep"],
                                         label=f"seed MLP dim {cfg['mlp_dim']}, batch {batch}",
-                                        compile_warm=batch == cfg["mlp_batches"][0])  # warm once: time budget
+                                        compile_warm=batch == cfg["mlp_batches"][0],  # warm once: time budget
+                                        graph_timing=True)
                 del model, inputs
     return results
 

@@ -17,6 +17,7 @@ class BenchRow:
     p20_s: float | None = None
     p80_s: float | None = None
     steady_s: float | None = None         # per call when calls run back to back (host overhead included)
+    graph_s: float | None = None          # per call replayed from a CUDA graph: device time only (graph_timing)
     speedup: float | None = None          # eager median / this median
     cold_compile_s: float | None = None   # first call after a Dynamo reset (compile + one run)
     warm_compile_s: float | None = None   # the same, again, with on-disk caches now warm
@@ -56,9 +57,9 @@ class BenchResult:
         table = Table(title=f"{self.label}: {mode}, {self.dtype} on {self.device}",
                       caption="median ±half the p20–p80 range; compile = first call after a Dynamo reset, "
                               "cold / warm caches; err = max abs / max rel vs eager")
-        headers = ("backend", "result", "median ms", "back-to-back ms", "speedup", "compile s", "peak MiB",
-                   "err vs eager", "err vs fp64")
-        cells = [(r.backend, _status(r), _median(r), _ms(r.steady_s), _x(r.speedup),
+        headers = ("backend", "result", "median ms", "back-to-back ms", "graph ms", "speedup", "compile s",
+                   "peak MiB", "err vs eager", "err vs fp64")
+        cells = [(r.backend, _status(r), _median(r), _ms(r.steady_s), _ms(r.graph_s), _x(r.speedup),
                   _compile(r.cold_compile_s, r.warm_compile_s), _mib(r.peak_memory_bytes),
                   _errors(r.error_vs_eager), _err(r.error_vs_fp64, "norm_rel")) for r in self.rows]
         keep = [i for i in range(len(headers)) if i < 2 or any(row[i] != "—" for row in cells)]  # drop empty columns

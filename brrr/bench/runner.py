@@ -17,7 +17,7 @@ from brrr.bench import compare
 from brrr.bench.backends import backend_name, fresh_compile, strict_dynamo
 from brrr.bench.result import BenchResult, BenchRow, dtype_name
 from brrr.bench.step import Step, make_cotangents, to_fp64
-from brrr.bench.timing import time_kernel, time_steady
+from brrr.bench.timing import time_graph, time_kernel, time_steady
 from brrr.cost.device import synchronize, time_once
 
 DEFAULT_BACKENDS = ("eager", "inductor", "brrr")
@@ -98,7 +98,7 @@ def _fp64_run(model, inputs, train, cotangents, device):
 
 
 def bench(model, *inputs, backends=DEFAULT_BACKENDS, train=False, progress=False, device=None, warmup=25,
-          rep=100, input_sets=None, label=None, compile_warm=True, fp64_reference=True):
+          rep=100, input_sets=None, label=None, compile_warm=True, fp64_reference=True, graph_timing=False):
     """Time and check `model(*inputs)` under each backend. Returns a BenchResult.
 
     backends: torch.compile backend names or callables; "eager" means no compile (always run, first).
@@ -107,6 +107,7 @@ def bench(model, *inputs, backends=DEFAULT_BACKENDS, train=False, progress=False
         working set exceeds the caches); correctness is checked on `inputs`.
     compile_warm: also measure the warm compile (a second compile after a Dynamo reset).
     fp64_reference: for bf16/fp16 results, judge against a float64 copy of the model.
+    graph_timing: on CUDA, also time calls replayed from a CUDA graph (device time without host overhead).
     """
     device = torch.device(device) if device is not None else _infer_device(model, inputs)
     names = [backend_name(b) for b in backends]
@@ -140,7 +141,7 @@ def bench(model, *inputs, backends=DEFAULT_BACKENDS, train=False, progress=False
                     if reference.eager_vs_fp64 is not None:
                         row.error_vs_fp64 = reference.eager_vs_fp64
                 _run_backend(row, model, input_sets, train, device, backend, reference, warmup, rep,
-                             compile_warm)
+                             compile_warm, graph_timing)
             except Exception as exc:
                 row.status, row.reason = "failed", _reason(exc)
                 if reference is None:  # eager itself failed: nothing to compare against
@@ -169,7 +170,8 @@ def _eager_reference(model, inputs, train, device, fp64_reference):
     return reference
 
 
-def _run_backend(row, model, input_sets, train, device, backend, reference, warmup, rep, compile_warm):
+def _run_backend(row, model, input_sets, train, device, backend, reference, warmup, rep, compile_warm,
+                 graph_timing=False):
     make = lambda: Step(fresh_compile(model, backend), model, input_sets, train, reference.cotangents)  # noqa: E731
     if row.backend == "eager":
         step = make()
@@ -187,6 +189,9 @@ def _run_backend(row, model, input_sets, train, device, backend, reference, warm
     timing = time_kernel(step, device, warmup=warmup, rep=rep)
     row.median_s, row.p20_s, row.p80_s, row.timing_method = timing.median_s, timing.p20_s, timing.p80_s, timing.method
     row.steady_s = time_steady(step, device).median_s
+    if graph_timing and not train:
+        graphed = time_graph(step, device, calls=max(10, len(input_sets)), warmup=warmup, rep=rep)
+        row.graph_s = graphed.median_s if graphed is not None else None
     row.peak_memory_bytes = _peak_memory(step, device)
 
 

@@ -7,6 +7,9 @@ Two questions, two timers:
 - `time_steady(fn)`: how long a call takes when calls run back to back, as in a training loop. Synchronize,
   run n calls, synchronize; per-call time is the chunk time over n, median over a few chunks. Host overhead
   (Python, dispatch, launches) shows up here and hides in time_kernel when the device waits on nobody.
+- `time_graph(fn)` (CUDA only): the device's own time per call. n calls are captured into one CUDA graph and
+  its replays timed by do_bench, over n. No host overhead and no launch gaps: for kernels of 10-30 us,
+  where do_bench's per-call events and the gap before each launch are a large part of time_kernel.
 """
 
 import time
@@ -99,3 +102,34 @@ def time_steady(fn, device, chunk_s=0.02, chunks=5, max_calls=10_000):
     per_call.sort()
     return Timing(quantile(per_call, 0.5), quantile(per_call, 0.2), quantile(per_call, 0.8), n * chunks,
                   method=f"back-to-back loops of {n}")
+
+
+def time_graph(fn, device, calls=10, warmup=25, rep=100):
+    """Per-call device time of `calls` back-to-back calls of `fn` replayed from one CUDA graph; None off CUDA
+    or when `fn` cannot be captured (the reason is then in `time_graph.last_error`)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    try:
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):   # warm up off the default stream, as capture requires
+                for _ in range(3):
+                    fn()
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(calls):
+                    fn()
+            median, p20, p80 = _do_bench_ms(graph.replay, warmup, rep)
+    except Exception as e:
+        time_graph.last_error = f"{type(e).__name__}: {e}"
+        return None
+    scale = 1e3 * calls
+    return Timing(median / scale, p20 / scale, p80 / scale, calls=calls,
+                  method=f"CUDA graph of {calls} calls, replays timed by triton.testing.do_bench")
+
+
+time_graph.last_error = None

@@ -15,6 +15,7 @@ import os
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from brrr.compile.attention_mask import contiguous_attention_masks
 from brrr.compile.runtime import warn_once
 
 aten = torch.ops.aten
@@ -130,10 +131,15 @@ def brrr_backend(gm, example_inputs, cuda_graphs=False, _sink=None, **options):
     backend = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference,
                            decompositions=decomposition_table(),
                            partition_fn=min_cut_rematerialization_partition)
-    # The attention backend is chosen while AOTAutograd traces. In brrr's GPT-2 small bf16 training graph
-    # (H100, torch 2.11) cuDNN attention's backward hit an illegal memory access; eager and Inductor ran the
-    # same op fine. Cause not established: brrr's layout() may hand it `out` and `grad_out` in different
-    # strides. Flash and memory-efficient attention are kept for brrr's graphs.
+    # The attention kernel is chosen while AOTAutograd traces: give broadcast masks a layout fused kernels
+    # accept. cuDNN attention was excluded while an illegal memory access in GPT-2 training was chased; the
+    # cause was brrr's `cat` kernel, fixed since. Re-admitting cuDNN has not been measured yet.
+    try:
+        contiguous_attention_masks(gm)
+    except Exception as e:   # an optimization only: the graph stays as Dynamo gave it
+        if os.environ.get("BRRR_DEBUG") == "1":
+            raise
+        warn_once(f"attention mask pass failed ({type(e).__name__}: {str(e)[:200]}); graph left as is")
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
         return backend(gm, example_inputs)
 

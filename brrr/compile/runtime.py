@@ -21,6 +21,7 @@ import warnings
 import torch
 
 from brrr.compile import ir
+from brrr.compile.launch import Launcher
 from brrr.compile.codegen.triton import generate
 
 _WARNED = set()
@@ -246,16 +247,15 @@ def build(plan, gm, cuda_graphs=False):
                 continue
             glb[ks.name] = None
             launches.append(ks)
-            meta = ", ".join(f"{k}={v}" for k, v in ks.meta.items())
-            lines.append(f"    {ks.name}[{ks.grid}]({', '.join(var(a) for a in ks.args)}, {meta})")
+            lines.append(f"    {ks.name}({', '.join(var(a) for a in ks.args)})  # grid {ks.grid}, {ks.meta}")
     outs = [var(o) if isinstance(o, ir.Node) else const(o) for o in L.outputs]
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     source = "\n".join(lines) + "\n"
     device = _device_name(plan)
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, max(1, len(launches)))) as pool:
         futs = {ks.name: pool.submit(_load_and_warm, ks, device) for ks in launches}
-        for name, f in futs.items():
-            glb[name] = f.result()
+        for ks in launches:
+            glb[ks.name] = Launcher(futs[ks.name].result(), ks.grid, ks.meta)
     filename = f"<brrr call {hash(source) & 0xffffff:x}>"
     dump_dir = os.environ.get("BRRR_DUMP_DIR")
     if dump_dir:  # the generated call, to read beside a traceback that points into it

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from brrr.bench import bench
-from brrr.bench.timing import time_kernel, time_steady
+from brrr.bench.timing import time_graph, time_kernel, time_steady
 from tests.bench.conftest import add_offset_backend, raising_backend, wrong_gradient_backend
 
 FAST = {"warmup": 2, "rep": 10}
@@ -110,6 +110,13 @@ def test_time_kernel_and_time_steady_measure_a_known_duration():
     assert 0.002 <= t.median_s < 0.02 and t.p20_s <= t.median_s <= t.p80_s and t.calls >= 5
     steady = time_steady(two_ms, "cpu", chunk_s=0.01, chunks=3)
     assert 0.002 <= steady.median_s < 0.02
+
+
+def test_graph_timing_is_cuda_only():
+    calls = []
+    assert time_graph(lambda: calls.append(1), "cpu") is None and calls == []   # nothing run, nothing made up
+    row = bench(lambda x: x * 2, torch.ones(4), backends=("eager",), graph_timing=True, **FAST).rows[0]
+    assert row.graph_s is None and row.median_s > 0
 
 
 def test_brrr_backend_matches_eager(tiny_mlp):

@@ -1,0 +1,107 @@
+"""Kernel launches for the generated runtime (lower -> schedule -> codegen -> **runtime**).
+
+`fn[grid](*args, **meta)` on a Triton JITFunction binds arguments, rebuilds the specialization key and looks
+up the kernel cache on every call: tens of microseconds of Python per launch, which made small compiled
+graphs host-bound (the seed MLP's train step spent ~0.6 ms per step in it on the H100 host). A graph's
+kernels, grids and dtypes are fixed once it is compiled, so after the first launch `Launcher` calls the
+compiled kernel's own launcher directly.
+
+What `JITFunction.run` would re-check per call, and what guards the direct path instead:
+- pointer alignment (Triton specializes on 16-byte alignment): every tensor argument is checked against
+  the first launch, which made the kernel; a misaligned one takes the JIT path, which compiles a variant;
+- the values of non-tensor arguments: must equal the first launch's;
+- the current device: must be the one the kernel was loaded on;
+- launch hooks (profilers such as proton): any registered hook sends launches through the JIT path.
+Under TRITON_INTERPRET=1 (or for an object that is not a compiled GPU kernel) every launch is the JIT path.
+"""
+
+import torch
+
+_PLAIN = (int, float, bool, type(None))
+
+
+def _current_device():
+    return torch._C._cuda_getDevice()
+
+
+def _current_stream(device):
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
+def _device_tensor(a):
+    return isinstance(a, torch.Tensor) and a.is_cuda
+
+
+def _hook_chain_idle(hook):
+    return hook is None or (hasattr(hook, "calls") and not hook.calls)
+
+
+def _launch_hooks():
+    """(enter, exit) launch hooks as JITFunction.run passes them (Triton >= 3.4 keeps them in knobs)."""
+    try:
+        from triton import knobs
+
+        return knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    except (ImportError, AttributeError):
+        from triton.compiler import CompiledKernel
+
+        return CompiledKernel.launch_enter_hook, CompiledKernel.launch_exit_hook
+
+
+def _hooks_idle():
+    enter, exit_ = _launch_hooks()
+    return _hook_chain_idle(enter) and _hook_chain_idle(exit_)
+
+
+class Launcher:
+    """`launcher(*args)` == `jit_fn[grid](*args, **meta)`, without the JIT's per-call work once it has run."""
+
+    def __init__(self, jit_fn, grid, meta):
+        self.jit_fn, self.grid, self.meta = jit_fn, tuple(grid), dict(meta)
+        self.grid3 = (self.grid + (1, 1))[:3]
+        self.fast = None   # (run, function, packed_metadata, device index, tail args, enter, exit)
+        self.tensor_slots, self.plain_args = (), ()
+
+    def __call__(self, *args):
+        fast = self.fast
+        if fast and self._fits(args):
+            run, function, packed, device, tail, enter, exit_ = fast
+            g0, g1, g2 = self.grid3
+            run(g0, g1, g2, _current_stream(device), function, packed, None, enter, exit_,
+                *args, *tail)
+            return None
+        kernel = self.jit_fn[self.grid](*args, **self.meta)
+        if fast is None and self.fast is None:
+            self._prepare(kernel, args)
+        return kernel
+
+    def _fits(self, args):
+        fast = self.fast
+        if _current_device() != fast[3] or not (_hook_chain_idle(fast[5]) and _hook_chain_idle(fast[6])):
+            return False
+        for i in self.tensor_slots:
+            if args[i].data_ptr() & 15:
+                return False
+        return tuple(args[i] for i in self.plain_slots) == self.plain_args
+
+    def _prepare(self, kernel, args):
+        """Keep what a direct launch needs, when the first launch compiled a GPU kernel from aligned tensors."""
+        self.fast = False   # prepared (or refused) once
+        try:
+            names = list(self.jit_fn.arg_names)
+            run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
+        except Exception:   # the interpreter, or a Triton whose kernels look different: keep the JIT path
+            return
+        tail_names = names[len(args):]   # the constexprs; meta's other keys (num_warps) are compile options
+        if any(n not in self.meta for n in tail_names):
+            return
+        if not all(_device_tensor(a) or type(a) in _PLAIN for a in args):
+            return
+        if any(isinstance(a, torch.Tensor) and a.data_ptr() & 15 for a in args) or not _hooks_idle():
+            return
+        self.tensor_slots = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+        self.plain_slots = tuple(i for i, a in enumerate(args) if not isinstance(a, torch.Tensor))
+        self.plain_args = tuple(args[i] for i in self.plain_slots)
+        enter, exit_ = _launch_hooks()
+        self.fast = (run, function, packed, _current_device(), tuple(self.meta[n] for n in tail_names),
+                     enter, exit_)

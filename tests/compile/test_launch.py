@@ -1,0 +1,96 @@
+"""The direct launcher: after the first JIT launch it calls the compiled kernel's launcher with the same
+arguments Triton would, and goes back to the JIT path whenever Triton would have specialized differently."""
+
+import pytest
+import torch
+
+from brrr.compile import launch
+
+
+class FakeKernel:
+    def __init__(self, calls):
+        self.calls = calls
+        self.function, self.packed_metadata = "fn-handle", "packed"
+
+    def run(self, *args):
+        self.calls.append(("direct",) + args)
+
+
+class FakeJIT:
+    arg_names = ["in_ptr", "out_ptr", "n", "XBLOCK"]
+
+    def __init__(self):
+        self.calls = []
+        self.kernel = FakeKernel(self.calls)
+
+    def __getitem__(self, grid):
+        def run(*args, **meta):
+            self.calls.append(("jit", grid, args, meta))
+            return self.kernel
+        return run
+
+
+@pytest.fixture
+def gpu_like(monkeypatch):
+    """Pretend CPU tensors are device tensors on device 0 with stream 7."""
+    monkeypatch.setattr(launch, "_device_tensor", lambda a: isinstance(a, torch.Tensor))
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_current_stream", lambda device: 7)
+    monkeypatch.setattr(launch, "_launch_hooks", lambda: (None, None))
+
+
+def aligned(n):
+    t = torch.empty(n + 16)
+    return t[(16 - t.data_ptr() % 16) % 16 // 4:][:n] if t.data_ptr() % 16 else t[:n]
+
+
+def test_second_launch_is_direct_with_triton_argument_order(gpu_like):
+    jit = FakeJIT()
+    k = launch.Launcher(jit, (4,), {"XBLOCK": 128, "num_warps": 4})
+    a, b = aligned(8), aligned(8)
+    k(a, b, 8)
+    k(a, b, 8)
+    assert jit.calls[0] == ("jit", (4,), (a, b, 8), {"XBLOCK": 128, "num_warps": 4})
+    kind, *rest = jit.calls[1]
+    assert kind == "direct"
+    # grid x, y, z, stream, function, packed metadata, launch metadata, hooks, then every argument
+    assert rest[:9] == [4, 1, 1, 7, "fn-handle", "packed", None, None, None]
+    assert rest[9] is a and rest[10] is b and rest[11:] == [8, 128]
+
+
+def test_misaligned_pointer_or_new_scalar_goes_through_the_jit(gpu_like):
+    jit = FakeJIT()
+    k = launch.Launcher(jit, (4,), {"XBLOCK": 128})
+    a, b = aligned(9), aligned(8)
+    k(a[:8], b, 8)
+    k(a[1:], b, 8)       # 4 bytes off: Triton would compile an unaligned variant
+    k(a[:8], b, 9)       # a different scalar value
+    k(a[:8], b, 8)
+    assert [c[0] for c in jit.calls] == ["jit", "jit", "jit", "direct"]
+
+
+def test_no_direct_path_for_misaligned_first_launch_or_busy_hooks(gpu_like, monkeypatch):
+    jit = FakeJIT()
+    k = launch.Launcher(jit, (4,), {"XBLOCK": 128})
+    a, b = aligned(9), aligned(8)
+    k(a[1:], b, 8)
+    k(a[:8], b, 8)
+    assert [c[0] for c in jit.calls] == ["jit", "jit"]
+
+    class Chain:
+        calls = [print]
+    monkeypatch.setattr(launch, "_launch_hooks", lambda: (Chain(), None))
+    jit2 = FakeJIT()
+    k2 = launch.Launcher(jit2, (4,), {"XBLOCK": 128})
+    k2(a[:8], b, 8)
+    k2(a[:8], b, 8)
+    assert [c[0] for c in jit2.calls] == ["jit", "jit"]
+
+
+def test_interpreter_or_cpu_tensors_always_use_the_jit():
+    jit = FakeJIT()
+    k = launch.Launcher(jit, (2,), {"XBLOCK": 16})
+    a = torch.zeros(4)
+    k(a, a, 4)
+    k(a, a, 4)
+    assert [c[0] for c in jit.calls] == ["jit", "jit"]
