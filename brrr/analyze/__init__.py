@@ -17,7 +17,7 @@ import torch
 from brrr.analyze.analysis import Analysis
 from brrr.callable_package import make_callable
 from brrr.cost.device import time_once
-from brrr.analyze.capture import OpRecord, capture, trace_names
+from brrr.analyze.capture import OpRecord, record_step, trace_names
 from brrr.analyze.step import Step, resolve_device
 from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, op_times, profiled, wall_time
 
@@ -86,7 +86,8 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         # sample (the median of WALL_RUNS absorbs a slow first call)
         first_wall = time_once(step, device)
         with profiled(device) as prof:
-            records = capture(step)
+            trace = record_step(step)
+        records = trace.records()  # priced and linked once the profiler has stopped
         names = [r.name for r in records]
         runs, busys = zip(*[_profiled_times(prof, len(records), device)])
         runs, busys = list(runs), list(busys)

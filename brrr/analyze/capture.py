@@ -1,9 +1,16 @@
 """Stage 1 of the analyzer (capture -> time -> regimes -> advise -> report): record every ATen op of a step.
 
-A TorchDispatchMode sees each op after autograd and decompositions, forward and backward alike. For each
-one it records the module it ran in, input shapes and dtypes, FLOPs, bytes and class (priced by
-brrr.cost.ops), and which earlier op produced each input: by storage address, where the latest non-view
-writer wins. The fusion advice walks those producer -> consumer links.
+A TorchDispatchMode sees each op after autograd and decompositions, forward and backward alike. The work is
+split so the step itself slows down as little as possible:
+
+- during the step, per op, only raw metadata is noted (`OpTracer`): the op, its arguments with each tensor
+  replaced by a group number (one per distinct tensor of the call), per group its shape, stride, dtype and
+  storage key (device, storage address), the module it ran in and the phase;
+- after the step (`Trace.records`), each op is priced by brrr.cost.ops on meta tensors rebuilt from that
+  metadata, memoized per signature (a 12-layer model repeats the same calls: BERT-base inference needs 29
+  prices for its 482 ops), and the storage keys are replayed to link every input to the op that produced
+  it: the latest non-view writer of a storage wins, views are transparent, and a fresh allocation forgets
+  the previous writer. The fusion advice walks those producer -> consumer links.
 
 Modules: in forward, a stack kept by global module hooks; in backward, the module of the forward op whose
 autograd node is running (matched by the node's sequence number), else "<backward>".
@@ -13,19 +20,23 @@ can attribute host time and the device kernels an op launched to that op's recor
 """
 
 import functools
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from brrr.cost.ops import (OpCost, cost_key, has_flop_formula, mutated_tensors, op_cost, tensor_bytes,
-                           tensors_in)
+from brrr.cost.ops import OpCost, nbytes_touched, op_cost, tensors_in, written_arguments
 
 RANGE_PREFIX = "brrr#"
 # record_function's C++ core: a profiler range without record_function's own op dispatches (~1 us, not ~7)
 _op_range = torch._C._profiler._RecordFunctionFast
+_graph_task_id = torch._C._current_graph_task_id
 OUTSIDE_MODEL = {"forward": "<step>", "backward": "<backward>"}
+_TENSOR = object()  # a recorded argument (_TENSOR, group) stands for the op's tensor number `group`
 
 
 @dataclass
@@ -73,17 +84,82 @@ def _storage_key(t):
     return (t.device, ptr) if ptr else None
 
 
-def _first_float_dtype(arg_tensors, outputs):
-    for tensors in (arg_tensors, outputs):
-        for t in tensors:
-            if t.is_floating_point():
-                return t.dtype
-    return None
+class _Call:
+    """Collects one op call's tensors while its arguments are frozen (see `freeze`)."""
+
+    __slots__ = ("groups", "metas", "keys", "found")
+
+    def __init__(self):
+        self.groups = {}  # id(tensor) -> group: one tensor passed twice is one group
+        self.metas = []   # per group: (shape, stride, dtype)
+        self.keys = []    # per group: storage key
+        self.found = []   # groups in order of appearance, repeats included
+
+    def freeze(self, value):
+        """`value` with tensors replaced by (_TENSOR, group) and lists by tuples: hashable, holds no tensor."""
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value)
+        if isinstance(value, (list, tuple)):  # scalars inline: most arguments are tensors, ints and int lists
+            return tuple([self.tensor(v) if isinstance(v, torch.Tensor) else
+                          self.freeze(v) if isinstance(v, (list, tuple)) else v for v in value])
+        return value
+
+    def tensor(self, t):
+        group = self.groups.get(id(t))
+        if group is None:
+            group = self.groups[id(t)] = len(self.metas)
+            self.metas.append((t.shape, t.stride(), t.dtype))
+            self.keys.append(_storage_key(t))
+        self.found.append(group)
+        return (_TENSOR, group)
 
 
-def _cost(func, args, kwargs, out):
+class _RawOp(NamedTuple):
+    """What the tracer notes about one op during the step; priced and linked afterwards."""
+
+    func: object
+    args: tuple                 # frozen (see _Call.freeze)
+    kwargs: tuple               # frozen ((name, value), ...)
+    out: object                 # frozen
+    metas: tuple                # per tensor group: (shape, stride, dtype)
+    keys: list                  # per tensor group: storage key
+    inputs: list                # tensor groups of args then kwargs, in order, repeats included
+    arg_inputs: int             # how many of `inputs` come from args (not kwargs)
+    outputs: list               # tensor groups of the output, in order
+    module: str | None
+    phase: str
+
+    def signature(self):
+        """What op_cost depends on: the op, its arguments and every tensor's shape, stride and dtype."""
+        return self.func, self.args, self.kwargs, self.out, self.metas
+
+
+def _groups_in(frozen):
+    if type(frozen) is tuple:
+        if frozen and frozen[0] is _TENSOR:
+            yield frozen[1]
+        else:
+            for v in frozen:
+                yield from _groups_in(v)
+
+
+def _thaw(frozen, tensors, sequence=list):
+    """A frozen value with real tensors back in; sequences as ATen passes them (arguments: lists, outputs:
+    tuples)."""
+    if type(frozen) is tuple:
+        if frozen and frozen[0] is _TENSOR:
+            return tensors[frozen[1]]
+        return sequence([_thaw(v, tensors, sequence) for v in frozen])
+    return frozen
+
+
+def _price(op):
+    """op_cost of a recorded call, on meta tensors of the recorded shapes, strides and dtypes."""
     try:
-        return op_cost(func, args, kwargs, out)
+        tensors = [torch.empty_strided(shape, stride, dtype=dtype, device="meta") for shape, stride, dtype in op.metas]
+        args = tuple(_thaw(v, tensors) for v in op.args)
+        kwargs = {name: _thaw(v, tensors) for name, v in op.kwargs}
+        return op_cost(op.func, args, kwargs, _thaw(op.out, tensors, tuple))
     except Exception:  # an op the cost model can't price must not stop the analysis
         return OpCost(0, 0, 0, "other")
 
@@ -91,6 +167,37 @@ def _cost(func, args, kwargs, out):
 @functools.cache
 def _op_name(func):
     return str(func)
+
+
+@functools.cache
+def _dtype_name(dtype):
+    return str(dtype)
+
+
+def _mutated_groups(op):
+    """Tensor groups the schema marks as written (in-place self, out=), as cost.ops.mutated_tensors."""
+    written = written_arguments(op.func)
+    if not written:
+        return []
+    kwargs = dict(op.kwargs)
+    groups = []
+    for i, name in written:
+        value = kwargs.get(name) if name in kwargs else (op.args[i] if i < len(op.args) else None)
+        groups.extend(_groups_in(value))
+    return groups
+
+
+def _group_bytes(meta):
+    shape, stride, dtype = meta
+    return nbytes_touched(shape, stride, dtype.itemsize)
+
+
+def _first_float_dtype(op):
+    for group in op.inputs[:op.arg_inputs] + op.outputs:
+        dtype = op.metas[group][2]
+        if dtype.is_floating_point:
+            return dtype
+    return None
 
 
 class ModuleStack:
@@ -136,11 +243,15 @@ class BackwardModules:
     """
 
     def __init__(self, model):
-        self.by_sequence_nr, self.pending = {}, []
-        self.param_modules = {}
-        if isinstance(model, torch.nn.Module):
-            for name, param in model.named_parameters():
-                self.param_modules[id(param)] = name.rpartition(".")[0] or type(model).__name__
+        self.model, self.by_sequence_nr, self.pending = model, {}, []
+
+    @functools.cached_property
+    def param_modules(self):
+        """id(parameter) -> the module owning it; built on first use (inference never asks)."""
+        if not isinstance(self.model, torch.nn.Module):
+            return {}
+        return {id(param): name.rpartition(".")[0] or type(self.model).__name__
+                for name, param in self.model.named_parameters()}
 
     def resolve_pending(self):
         for outputs, module in self.pending:
@@ -150,10 +261,10 @@ class BackwardModules:
                     self.by_sequence_nr.setdefault(node._sequence_nr(), module)
         self.pending.clear()
 
-    def note_forward(self, outputs, module):
+    def note_forward(self, out, module):
         # requires_grad is not set yet below autograd, so keep every floating output until the next op
-        if torch.is_grad_enabled() and module is not None:
-            self.pending.append(([t for t in outputs if t.is_floating_point()], module))
+        if module is not None and torch.is_grad_enabled():
+            self.pending.append(([t for t in tensors_in(out) if t.is_floating_point()], module))
 
     def module_of_running_node(self):
         node = torch._C._current_autograd_node()
@@ -166,15 +277,13 @@ class BackwardModules:
 
 
 class OpTracer(TorchDispatchMode):
-    """Records ops (costs, modules, producers) and/or marks each with a profiler range."""
+    """Notes every op (raw metadata, see the module docstring) and/or marks each with a profiler range."""
 
     def __init__(self, model=None, record_costs=True, mark_ranges=False):
         super().__init__()
         self.record_costs, self.mark_ranges = record_costs, mark_ranges
-        self.records, self.names = [], []
+        self.funcs, self.raw = [], []
         self.modules, self.backward_modules = ModuleStack(model), BackwardModules(model)
-        self._writer = {}  # storage key -> index of the op that last wrote it
-        self._costs = {}   # cost_key -> OpCost of FLOP-formula ops: repeated layers repeat identical calls
 
     def __enter__(self):
         if self.record_costs:
@@ -189,100 +298,136 @@ class OpTracer(TorchDispatchMode):
                 self.modules.__exit__(*exc)
                 self.backward_modules.pending.clear()
 
-    def writer_of(self, t):
-        """Index of the op that last wrote `t`'s memory, or None."""
-        return self._writer.get(_storage_key(t))
+    @property
+    def names(self):
+        return [_op_name(func) for func in self.funcs]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        index = len(self.names)
-        name = _op_name(func)
-        self.names.append(name)
+        index = len(self.funcs)
+        self.funcs.append(func)
         if self.mark_ranges:
-            with _op_range(f"{RANGE_PREFIX}{index}"):
-                out = func(*args, **kwargs)
+            with _op_range(RANGE_PREFIX + str(index)):
+                out = func(*args, **kwargs) if kwargs else func(*args)
         else:
-            out = func(*args, **kwargs)
+            out = func(*args, **kwargs) if kwargs else func(*args)
         if self.record_costs:
-            self._record(index, name, func, args, kwargs, out)
+            self._note(func, args, kwargs, out)
         return out
 
-    def _module_and_phase(self, outputs):
-        self.backward_modules.resolve_pending()
-        if torch._C._current_graph_task_id() != -1:
-            return self.backward_modules.module_of_running_node(), "backward"
+    def _note(self, func, args, kwargs, out):
+        call = _Call()
+        frozen_args = call.freeze(args)
+        arg_inputs = len(call.found)
+        frozen_kwargs = tuple([(name, call.freeze(v)) for name, v in kwargs.items()]) if kwargs else ()
+        inputs, call.found = call.found, []
+        frozen_out = call.freeze(out)
+        module, phase = self._module_and_phase(out)
+        self.raw.append(_RawOp(func, frozen_args, frozen_kwargs, frozen_out, tuple(call.metas), call.keys, inputs,
+                               arg_inputs, call.found, module, phase))
+
+    def _module_and_phase(self, out):
+        backward = self.backward_modules
+        if backward.pending:
+            backward.resolve_pending()
+        if _graph_task_id() != -1:
+            return backward.module_of_running_node(), "backward"
         module = self.modules.current()
-        self.backward_modules.note_forward(outputs, module)
+        backward.note_forward(out, module)
         return module, "forward"
 
-    def _cost(self, func, args, kwargs, out):
-        if not has_flop_formula(func):  # the rest price as fast as their cost_key is built
-            return _cost(func, args, kwargs, out)
+
+class Trace:
+    """A traced step's raw ops; `records()` prices and links them into OpRecords."""
+
+    def __init__(self, raw, result_keys):
+        self.raw, self.result_keys = raw, result_keys
+        self._writer = {}  # storage key -> index of the op that last wrote it (after records())
+
+    def records(self):
+        prices, records, self._writer = {}, [], {}
+        for index, op in enumerate(self.raw):
+            records.append(self._record(index, op, self._cost(op, prices)))
+            self._link(records, op)
+        for key in self.result_keys:
+            writer = self._writer.get(key)
+            if writer is not None:
+                records[writer].is_step_output = True
+        return records
+
+    @staticmethod
+    def _cost(op, prices):
         try:
-            key = cost_key(func, args, kwargs, out)
-            cost = self._costs.get(key)
-        except Exception:  # unhashable arguments, tensors without strides: price this call afresh
-            return _cost(func, args, kwargs, out)
+            key = op.signature()
+            cost = prices.get(key)
+        except TypeError:  # an unhashable argument: price this call on its own
+            return _price(op)
         if cost is None:
-            cost = self._costs[key] = _cost(func, args, kwargs, out)
+            cost = prices[key] = _price(op)
         return cost
 
-    def _record(self, index, name, func, args, kwargs, out):
-        arg_tensors = list(tensors_in(args))
-        inputs = arg_tensors + list(tensors_in(kwargs)) if kwargs else arg_tensors
-        outputs = list(tensors_in(out))
-        cost = self._cost(func, args, kwargs, out)
-        module, phase = self._module_and_phase(outputs)
-        record = OpRecord(
-            index=index, name=name, phase=phase, module=module or OUTSIDE_MODEL[phase],
+    @staticmethod
+    def _record(index, op, cost):
+        metas = op.metas
+        return OpRecord(
+            index=index, name=_op_name(op.func), phase=op.phase, module=op.module or OUTSIDE_MODEL[op.phase],
             op_class=cost.op_class, flops=cost.flops, bytes_read=cost.bytes_read, bytes_written=cost.bytes_written,
-            dtype=_first_float_dtype(arg_tensors, outputs),
-            input_shapes=[tuple(t.shape) for t in inputs], input_dtypes=[str(t.dtype) for t in inputs],
+            dtype=_first_float_dtype(op), input_shapes=[tuple(metas[g][0]) for g in op.inputs],
+            input_dtypes=[_dtype_name(metas[g][2]) for g in op.inputs],
         )
-        input_keys = [_storage_key(t) for t in inputs]
-        self._link_producers(record, inputs, input_keys)
-        self._note_writes(record, func, args, kwargs, outputs, input_keys)
-        self.records.append(record)
 
-    def _link_producers(self, record, inputs, input_keys):
+    def _link(self, records, op):
+        """Link the op's inputs to their producers, then note what it wrote (see the module docstring)."""
+        record, keys, writer = records[-1], op.keys, self._writer
         if record.op_class == "view":
-            return  # a view reads nothing; whoever reads the view is linked to the real producer
-        seen = set()
-        for t, key in zip(inputs, input_keys):
-            producer = self._writer.get(key)
-            if producer is None or (producer, id(t)) in seen:
-                continue
-            seen.add((producer, id(t)))
-            record.inputs_from.append((producer, tensor_bytes(t)))
-            if record.index not in self.records[producer].consumers:
-                self.records[producer].consumers.append(record.index)
-
-    def _note_writes(self, record, func, args, kwargs, outputs, input_keys):
-        if record.op_class == "view":
-            # views are transparent: a reader of a view links to the real producer. A fresh allocation
-            # (empty, empty_like) forgets whoever used that address before.
-            for t in outputs:
-                key = _storage_key(t)
+            # a view reads nothing and is transparent: a reader of the view links to the real producer. A
+            # fresh allocation (empty, empty_like) forgets whoever used that address before.
+            input_keys = [keys[g] for g in op.inputs]
+            for g in op.outputs:
+                key = keys[g]
                 if key is not None and key not in input_keys:
-                    self._writer.pop(key, None)
+                    writer.pop(key, None)
             return
-        for t in outputs + mutated_tensors(func, args, kwargs):
-            key = _storage_key(t)
+        seen = set()
+        for g in op.inputs:
+            producer = writer.get(keys[g])
+            if producer is None or (producer, g) in seen:
+                continue
+            seen.add((producer, g))
+            record.inputs_from.append((producer, _group_bytes(op.metas[g])))
+            if record.index not in records[producer].consumers:
+                records[producer].consumers.append(record.index)
+        for g in op.outputs + _mutated_groups(op):
+            key = keys[g]
             if key is not None:
-                self._writer[key] = record.index
+                writer[key] = record.index
+
+
+@contextmanager
+def _gc_paused():
+    """The tracer's small per-op tuples would set off a young-generation collection every ~50 ops (seen:
+    ~2 us per op on BERT-base); nothing it allocates is cyclic, and the step's own garbage waits one step."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def record_step(step, mark_ranges=True):
+    """Run `step` once under the tracer; returns its Trace (priced and linked by `.records()`, after the step,
+    so that a profiler around this call sees the step alone)."""
+    tracer = OpTracer(step.model, record_costs=True, mark_ranges=mark_ranges)
+    with tracer, _gc_paused():
+        output = step()
+    results = list(tensors_in(output)) + [leaf.grad for leaf in step.grad_leaves if leaf.grad is not None]
+    return Trace(tracer.raw, [_storage_key(t) for t in results])
 
 
 def capture(step, mark_ranges=True):
     """Run `step` once under the tracer; returns its OpRecords in execution order."""
-    tracer = OpTracer(step.model, record_costs=True, mark_ranges=mark_ranges)
-    with tracer:
-        output = step()
-    results = list(tensors_in(output)) + [leaf.grad for leaf in step.grad_leaves if leaf.grad is not None]
-    for t in results:
-        writer = tracer.writer_of(t)
-        if writer is not None:
-            tracer.records[writer].is_step_output = True
-    return tracer.records
+    return record_step(step, mark_ranges).records()
 
 
 def trace_names(step, mark_ranges=True):

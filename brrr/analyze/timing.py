@@ -9,13 +9,15 @@ Three measurements of the same step:
   tracer as without; only the gaps between them grow); on CPU a plain profiled step's summed top-level ATen
   op time. Wall minus busy is time the device waited on the host (overhead).
 
-On CUDA the profiler's raw Kineto events are read directly: a kernel belongs to op i when the runtime call
-that launched it (same correlation id) started inside range `brrr#i`. Building torch's FunctionEvent tree
-instead cost ~0.4 s per profiled BERT-base step on the H100, 40x the step itself.
+The profiler's raw Kineto events are read directly: on CUDA a kernel belongs to op i when the runtime call
+that launched it (same correlation id) started inside range `brrr#i`; on CPU an op's time is the length of
+its range. Building torch's FunctionEvent tree (`prof.events()`) instead cost ~0.4 s per profiled BERT-base
+step on the H100, 40x the step itself.
 """
 
 import bisect
 import statistics
+from collections import defaultdict
 import time
 import warnings
 from contextlib import contextmanager
@@ -57,11 +59,20 @@ def _is_launch_call(name):
     return name.startswith("cuda") or (name.startswith("cu") and name[2:3].isupper())
 
 
+def _kineto_events(prof):
+    return prof.profiler.kineto_results.events()
+
+
+def _range_index(name):
+    """i for a `brrr#<i>` range, else None."""
+    return int(name[len(RANGE_PREFIX):]) if name.startswith(RANGE_PREFIX) else None
+
+
 def cuda_op_times(prof, count):
     """(seconds per op index, busy seconds) of a profiled tracer run on CUDA, from the raw Kineto events.
 
     Returns None when the launch calls can't be linked to kernels (an unexpected profiler version)."""
-    events = prof.profiler.kineto_results.events()
+    events = _kineto_events(prof)
     ranges, launches, kernels = [], {}, []
     for e in events:
         if e.device_type() == DeviceType.CPU:
@@ -94,15 +105,28 @@ def _device_time_us(event):
 
 
 def op_times(prof, count, device):
-    """Seconds per op index from the `brrr#<index>` ranges of a profiled tracer run (0 where none)."""
+    """Seconds per op index from the `brrr#<index>` ranges of a profiled tracer run (0 where none): the
+    range's host time on CPU, its device time on CUDA (the fallback when cuda_op_times can't link kernels)."""
+    if device.type != "cuda":
+        return cpu_op_times(prof, count)
     times = [0.0] * count
     for event in prof.events():
         if event.device_type != DeviceType.CPU or not event.name.startswith(RANGE_PREFIX):
             continue
         index = int(event.name[len(RANGE_PREFIX):])
         if index < count:
-            micros = _device_time_us(event) if device.type == "cuda" else event.cpu_time_total
-            times[index] = micros / 1e6
+            times[index] = _device_time_us(event) / 1e6
+    return times
+
+
+def cpu_op_times(prof, count):
+    """Host seconds per op index: the length of each `brrr#<index>` range, from the raw Kineto events."""
+    times = [0.0] * count
+    for e in _kineto_events(prof):
+        if e.device_type() == DeviceType.CPU:
+            index = _range_index(e.name())
+            if index is not None and index < count:
+                times[index] = e.duration_ns() / 1e9
     return times
 
 
@@ -136,15 +160,21 @@ def union_seconds(intervals):
     return total
 
 
-def _is_top_level_aten(event):
-    if not event.name.startswith("aten::"):
-        return False
-    parent = event.cpu_parent
-    while parent is not None:
-        if parent.name.startswith("aten::"):
-            return False
-        parent = parent.cpu_parent
-    return True
+def top_level_seconds(spans):
+    """Summed length of the (thread, start, end) spans not nested inside another span of the same thread."""
+    by_thread = defaultdict(list)
+    for thread, start, end in spans:
+        by_thread[thread].append((start, -end))
+    total = 0
+    for starts in by_thread.values():
+        reach = None
+        for start, neg_end in sorted(starts):
+            end = -neg_end
+            if reach is not None and start < reach and end <= reach:
+                continue  # inside the last top-level span
+            total += end - start
+            reach = end
+    return total
 
 
 def device_busy_time(step, device):
@@ -152,13 +182,20 @@ def device_busy_time(step, device):
     with profiled(device) as prof:
         with torch.profiler.record_function(STEP_RANGE):
             step()
-    events = prof.events()
-    marks = [e for e in events if e.name == STEP_RANGE and e.device_type == DeviceType.CPU]
-    start, end = marks[0].time_range.start, marks[0].time_range.end
     if device.type == "cuda":
-        kernels = [e for e in events if e.device_type == DeviceType.CUDA and e.time_range.start >= start
-                   and not getattr(e, "is_user_annotation", False) and e.name != STEP_RANGE]
-        return union_seconds((e.time_range.start, e.time_range.end) for e in kernels) / 1e6
-    ops = [e for e in events if e.device_type == DeviceType.CPU and _is_top_level_aten(e)
-           and start <= e.time_range.start <= end]
-    return sum(e.cpu_time_total for e in ops) / 1e6
+        return _cuda_busy_seconds(prof.events())
+    # CPU: the summed host time of the step's top-level ATen ops, from the raw events
+    events = [e for e in _kineto_events(prof) if e.device_type() == DeviceType.CPU]
+    mark = next(e for e in events if e.name() == STEP_RANGE)
+    start, end = mark.start_ns(), mark.end_ns()
+    ops = [(e.start_thread_id(), e.start_ns(), e.end_ns()) for e in events
+           if e.name().startswith("aten::") and start <= e.start_ns() <= end]
+    return top_level_seconds(ops) / 1e9
+
+
+def _cuda_busy_seconds(events):
+    marks = [e for e in events if e.name == STEP_RANGE and e.device_type == DeviceType.CPU]
+    start = marks[0].time_range.start
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA and e.time_range.start >= start
+               and not getattr(e, "is_user_annotation", False) and e.name != STEP_RANGE]
+    return union_seconds((e.time_range.start, e.time_range.end) for e in kernels) / 1e6
