@@ -1,7 +1,8 @@
 """Turning a backend name into something to run: eager, a torch.compile backend, or brrr's own.
 
 `resolve_backend("brrr")` falls back to importing `brrr.compile.backend.brrr_backend` when the
-`torch_dynamo_backends` entry point is not installed (e.g. a checkout run with PYTHONPATH). Callables are
+`torch_dynamo_backends` entry point is not installed (e.g. a checkout run with PYTHONPATH);
+"brrr-cudagraphs" is brrr with `cuda_graphs=True` (each compiled graph replayed from a CUDA graph). Callables are
 passed through (tests register doubles that way). `fresh_compile` resets Dynamo first, so every backend
 starts from nothing and the first call pays the whole compile.
 """
@@ -23,6 +24,12 @@ def resolve_backend(backend):
         return None
     if not isinstance(backend, str):
         return backend
+    if backend == "brrr-cudagraphs":
+        from brrr.compile.backend import make_backend
+
+        fn = make_backend(cuda_graphs=True)
+        fn.__name__ = backend
+        return fn
     from torch._dynamo.backends.registry import lookup_backend
 
     try:

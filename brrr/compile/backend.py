@@ -13,7 +13,6 @@ import functools
 import os
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from brrr.compile.attention_mask import contiguous_attention_masks
 from brrr.compile.runtime import warn_once
@@ -123,7 +122,7 @@ def brrr_backend(gm, example_inputs, cuda_graphs=False, _sink=None, **options):
         return compile_graph(g, inputs, cuda_graphs=cuda_graphs, sink=_sink, graph_kind="forward")
 
     def bw(g, inputs):
-        return compile_graph(g, inputs, cuda_graphs=False, sink=_sink, graph_kind="backward")
+        return compile_graph(g, inputs, cuda_graphs=cuda_graphs, sink=_sink, graph_kind="backward")
 
     def inference(g, inputs):
         return compile_graph(g, inputs, cuda_graphs=cuda_graphs, sink=_sink, graph_kind="inference")
@@ -131,17 +130,15 @@ def brrr_backend(gm, example_inputs, cuda_graphs=False, _sink=None, **options):
     backend = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference,
                            decompositions=decomposition_table(),
                            partition_fn=min_cut_rematerialization_partition)
-    # The attention kernel is chosen while AOTAutograd traces: give broadcast masks a layout fused kernels
-    # accept. cuDNN attention was excluded while an illegal memory access in GPT-2 training was chased; the
-    # cause was brrr's `cat` kernel, fixed since. Re-admitting cuDNN has not been measured yet.
+    # The attention kernel (cuDNN, flash, memory-efficient or math) is chosen while AOTAutograd traces, by
+    # torch's own priority: give broadcast masks a layout the fused kernels accept first.
     try:
         contiguous_attention_masks(gm)
     except Exception as e:   # an optimization only: the graph stays as Dynamo gave it
         if os.environ.get("BRRR_DEBUG") == "1":
             raise
         warn_once(f"attention mask pass failed ({type(e).__name__}: {str(e)[:200]}); graph left as is")
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-        return backend(gm, example_inputs)
+    return backend(gm, example_inputs)
 
 
 def make_backend(**options):

@@ -114,6 +114,17 @@ def generate_all(plan):
     return out
 
 
+_aten = torch.ops.aten
+# view ops whose Tensor method takes the same positional arguments (`_unsafe_view` as reshape: a view where
+# the layout allows, else a copy; never a wrong value)
+VIEW_METHODS = {
+    _aten.view.default: "view", _aten._unsafe_view.default: "reshape", _aten.reshape.default: "reshape",
+    _aten.permute.default: "permute", _aten.expand.default: "expand", _aten.unsqueeze.default: "unsqueeze",
+    _aten.squeeze.dim: "squeeze", _aten.t.default: "t", _aten.transpose.int: "transpose",
+    _aten.select.int: "select", _aten.as_strided.default: "as_strided",
+}
+
+
 class CompiledGraph:
     """Calls the generated `call`; on the first call, any failure reruns the graph as ATen (once, warned).
     Boxed calling convention (AOTAutograd passes one list of arguments)."""
@@ -150,7 +161,8 @@ class CompiledGraph:
             self.static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            # thread_local: a backward graph is captured on autograd's device thread while others run
+            with torch.cuda.graph(g, capture_error_mode="thread_local"):
                 self.static_out = self.call(self.static)
             self.graph = g
         except Exception as e:
@@ -212,10 +224,15 @@ def build(plan, gm, cuda_graphs=False):
             n = step
             fx = n.fx
             if n.kind == "pointwise":   # a view of a materialized tensor: run it as the ATen view it is
+                i = n.meta.get("out_index")
+                method = VIEW_METHODS.get(fx.target) if not fx.kwargs and i is None else None
+                if method is not None:   # the Tensor method: the same view without OpOverload's Python
+                    rest = ", ".join(const(a) for a in fx.args[1:])
+                    lines.append(f"    {var(n)} = {var(n.view_of)}.{method}({rest})  # {fx.target}")
+                    continue
                 fn = const(fx.target)
                 args = ", ".join([var(n.view_of)] + [const(a) for a in fx.args[1:]])
                 kw = "".join(f", {k}={const(v)}" for k, v in fx.kwargs.items())
-                i = n.meta.get("out_index")
                 lines.append(f"    {var(n)} = {fn}({args}{kw}){'' if i is None else f'[{i}]'}  # {fx.target}")
                 continue
             if fx not in done_fx:

@@ -22,6 +22,14 @@ def test_brrr_resolves_without_the_entry_point_installed():
     assert resolved == "brrr" or callable(resolved)
 
 
+def test_brrr_cudagraphs_is_brrr_with_graphs_on():
+    fn = resolve_backend("brrr-cudagraphs")
+    assert backend_name(fn) == "brrr-cudagraphs" and fn.keywords == {"cuda_graphs": True}
+    x = torch.randn(8)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(lambda t: t.cos() * 2, backend=fn)(x), x.cos() * 2)
+
+
 def test_dynamo_limits_raise_whichever_limits_exist():
     import torch._dynamo.config as config
 

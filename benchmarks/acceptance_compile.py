@@ -1,0 +1,86 @@
+"""GPU acceptance for the compiler (issue 3), run on the device machine:
+
+    PYTHONPATH=$PWD python3 benchmarks/acceptance_compile.py --out $OUT [--parts micro,mlp,bert]
+
+micro: softmax and layer norm, bf16, [16384, 1024] and [4096, 4096], as a fraction of the measured copy
+       bandwidth, timed from CUDA-graph replays (the kernels' own time) beside do_bench per call.
+mlp:   the seed MLP, bf16, batch 16384: inference and a training step; eager, Inductor, brrr and
+       brrr with CUDA graphs, in one process.
+bert:  BERT-base, bf16, 8x512: training step (and inference), eager, Inductor, brrr; cold compile.
+Every configuration's table is printed; all numbers go to <out>/compile-acceptance.json.
+"""
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--parts", default="micro,mlp,bert")
+    p.add_argument("--budget-s", type=float, default=540.0)
+    args = p.parse_args()
+    import triton
+
+    import suite_sections as suite
+    from brrr.bench.micro import run_micro
+    from brrr.cost.device import get_ceilings
+    from brrr.examples import build_example, mlp
+
+    console = Console(width=200)
+    budget = suite.Budget(args.budget_s)
+    ceilings = get_ceilings("cuda", progress=False)
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+               "copy_bandwidth": ceilings.bandwidth}
+    path = os.path.join(args.out, "compile-acceptance.json")
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+
+    parts = args.parts.split(",")
+    if "micro" in parts:
+        for name in ("softmax", "layer_norm"):
+            for rows, cols in ((16384, 1024), (4096, 4096)):
+                def one(name=name, rows=rows, cols=cols):
+                    data, result = run_micro(name, rows, cols, dtype=torch.bfloat16, device="cuda",
+                                             bandwidth=ceilings.bandwidth, progress=False)
+                    result.print(console)
+                    console.print(", ".join(f"{r['backend']}: {100 * r['fraction_of_copy_bandwidth']:.1f}% of copy "
+                                            f"(by {r['bandwidth_timed_by']})" for r in data["rows"]
+                                            if r["fraction_of_copy_bandwidth"]))
+                    return data
+                results[f"micro {name} [{rows}, {cols}]"] = suite.guarded(budget, one)
+                save()
+    if "mlp" in parts:
+        for train in (False, True):
+            model, inputs = mlp(device="cuda", dtype=torch.bfloat16, batch=16384)
+            results[f"mlp bf16 16384 {'train' if train else 'inference'}"] = suite.guarded(
+                budget, suite._bench_config, console, model, inputs,
+                backends=("eager", "inductor", "brrr", "brrr-cudagraphs"), train=train, progress=False,
+                warmup=25, rep=100, label="seed MLP dim 1024, batch 16384", compile_warm=False, graph_timing=True)
+            save()
+    if "bert" in parts:
+        for train in (True, False):
+            def one(train=train):
+                model, inputs = build_example("bert-base", device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
+                wrapped = suite.HiddenStates(model, use_cache_kwarg=False)
+                return suite._bench_config(console, wrapped, inputs, backends=("eager", "inductor", "brrr"),
+                                           train=train, progress=False, warmup=25, rep=100,
+                                           label="bert-base ids 8x512", compile_warm=False)
+            results[f"bert-base bf16 8x512 {'train' if train else 'inference'}"] = suite.guarded(budget, one)
+            save()
+    save()
+    console.print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
