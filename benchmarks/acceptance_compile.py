@@ -6,7 +6,8 @@ micro: softmax and layer norm, bf16, [16384, 1024] and [4096, 4096], as a fracti
        bandwidth, timed from CUDA-graph replays (the kernels' own time) beside do_bench per call.
 mlp:   the seed MLP, bf16, batch 16384: inference and a training step; eager, Inductor, brrr and
        brrr with CUDA graphs, in one process.
-bert:  BERT-base, bf16, 8x512: training step (and inference), eager, Inductor, brrr; cold compile.
+bert:  BERT-base, bf16, 8x512: training step and inference, eager, Inductor, brrr; cold compile
+       (parts bert-train / bert-inference run one of the two). gpt2: the same for GPT-2 small.
 Every configuration's table is printed; all numbers go to <out>/compile-acceptance.json.
 """
 
@@ -68,15 +69,19 @@ def main():
                 backends=("eager", "inductor", "brrr", "brrr-cudagraphs"), train=train, progress=False,
                 warmup=25, rep=100, label="seed MLP dim 1024, batch 16384", compile_warm=False, graph_timing=True)
             save()
-    if "bert" in parts:
-        for train in (True, False):
-            def one(train=train):
-                model, inputs = build_example("bert-base", device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
-                wrapped = suite.HiddenStates(model, use_cache_kwarg=False)
-                return suite._bench_config(console, wrapped, inputs, backends=("eager", "inductor", "brrr"),
-                                           train=train, progress=False, warmup=25, rep=100,
-                                           label="bert-base ids 8x512", compile_warm=False)
-            results[f"bert-base bf16 8x512 {'train' if train else 'inference'}"] = suite.guarded(budget, one)
+    for part, example in (("bert", "bert-base"), ("gpt2", "gpt2-small")):
+        for mode in ("train", "inference"):
+            if f"{part}-{mode}" not in parts and part not in parts:
+                continue
+
+            def one(example=example, train=mode == "train"):
+                model, inputs = build_example(example, device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
+                wrapped = suite.HiddenStates(model, use_cache_kwarg=example.startswith("gpt2"))
+                backends = ("eager", "inductor", "brrr") + (() if train else ("brrr-cudagraphs",))
+                return suite._bench_config(console, wrapped, inputs, backends=backends, train=train,
+                                           progress=False, warmup=25, rep=100, label=f"{example} ids 8x512",
+                                           compile_warm=False)
+            results[f"{example} bf16 8x512 {mode}"] = suite.guarded(budget, one)
             save()
     save()
     console.print(f"wrote {path}")

@@ -10,6 +10,7 @@ tmp file + os.replace so concurrent processes never see half a file; an entry wh
 source it should hold (corrupt, truncated) is rewritten, and one that fails to import is rebuilt once.
 """
 
+import ast
 import concurrent.futures
 import hashlib
 import importlib.util
@@ -21,6 +22,7 @@ import warnings
 import torch
 
 from brrr.compile import ir
+from brrr.compile.graphs import GraphedCall
 from brrr.compile.launch import Launcher
 from brrr.compile.codegen.triton import generate
 
@@ -134,13 +136,18 @@ class CompiledGraph:
         self.call, self.gm, self.source = call, gm, source
         self.verified = False
         self.cuda_graphs = cuda_graphs
-        self.graph = None
+        self.graphed = None   # a GraphedCall once verified, with cuda_graphs
 
     def __call__(self, *args):
         args = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
         if self.verified:
-            if self.graph is not None:
-                return self.replay(args)
+            graphed = self.graphed
+            if graphed is not None:
+                out = graphed(args)
+                if out is not None:
+                    return out
+                if not graphed.usable:
+                    self.graphed = None
             return self.call(args)
         try:
             out = self.call(args)
@@ -153,28 +160,8 @@ class CompiledGraph:
             return self.call(args)
         self.verified = True
         if self.cuda_graphs:
-            self.capture(args)
+            self.graphed = GraphedCall(self.call, args)
         return out
-
-    def capture(self, args):
-        try:
-            self.static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            # thread_local: a backward graph is captured on autograd's device thread while others run
-            with torch.cuda.graph(g, capture_error_mode="thread_local"):
-                self.static_out = self.call(self.static)
-            self.graph = g
-        except Exception as e:
-            warn_once(f"CUDA graph capture failed ({type(e).__name__}); launching kernels directly")
-            self.graph = None
-
-    def replay(self, args):
-        for s, a in zip(self.static, args):
-            if isinstance(s, torch.Tensor) and s.data_ptr() != a.data_ptr():
-                s.copy_(a)
-        self.graph.replay()
-        return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.static_out)
 
 
 def build(plan, gm, cuda_graphs=False):
@@ -267,7 +254,7 @@ def build(plan, gm, cuda_graphs=False):
             lines.append(f"    {ks.name}({', '.join(var(a) for a in ks.args)})  # grid {ks.grid}, {ks.meta}")
     outs = [var(o) if isinstance(o, ir.Node) else const(o) for o in L.outputs]
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-    source = "\n".join(lines) + "\n"
+    source = "\n".join(free_dead_buffers(lines)) + "\n"
     device = _device_name(plan)
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, max(1, len(launches)))) as pool:
         futs = {ks.name: pool.submit(_load_and_warm, ks, device) for ks in launches}
@@ -281,6 +268,40 @@ def build(plan, gm, cuda_graphs=False):
             f.write(source)
     exec(compile(source, filename, "exec"), glb)
     return CompiledGraph(glb["call"], gm, source, cuda_graphs=cuda_graphs), kernels
+
+
+def _names(line):
+    """(read, written) local names of one generated statement."""
+    tree = ast.parse(line.strip())
+    read, written = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (written if isinstance(node.ctx, ast.Store) else read).add(node.id)
+    return read, written
+
+
+def free_dead_buffers(lines):
+    """`lines` of the generated call with `del` after each intermediate's last use, so a buffer's memory
+    goes back to the caching allocator as soon as the graph is done with it, not when the call returns
+    (BERT-base inference held 1.8 GB instead of 0.4). Inputs belong to the caller and are left alone."""
+    uses = [_names(line) if line.startswith("    ") and not line.lstrip().startswith("#") else (set(), set())
+            for line in lines]
+    last = {}
+    for i, (read, written) in enumerate(uses):
+        for name in read | written:
+            if name.startswith(("buf_", "res_")):
+                last[name] = i
+    returned = uses[-1][0]
+    dead_after = {}
+    for name, i in last.items():
+        if name not in returned:
+            dead_after.setdefault(i, []).append(name)
+    out = []
+    for i, line in enumerate(lines):
+        out.append(line)
+        if i in dead_after:
+            out.append(f"    del {', '.join(sorted(dead_after[i]))}")
+    return out
 
 
 def layout(t, stride):

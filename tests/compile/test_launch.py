@@ -94,3 +94,12 @@ def test_interpreter_or_cpu_tensors_always_use_the_jit():
     k(a, a, 4)
     k(a, a, 4)
     assert [c[0] for c in jit.calls] == ["jit", "jit"]
+
+
+def test_graph_input_slots_read_unmoved_tensors_in_place_and_copy_the_rest():
+    from brrr.compile.graphs import data_ptrs, input_slots
+
+    param, x1, x2 = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    first = data_ptrs([param, x1, 3])
+    assert input_slots(first, [param, x2, 3]) == ["address", "copy", None]
+    assert input_slots(first, [x2, x2, 3]) == ["copy", "copy", None]

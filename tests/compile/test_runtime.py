@@ -192,3 +192,12 @@ def test_split_column_reductions():
               lambda x: x.var(0)):
         torch._dynamo.reset()
         torch.testing.assert_close(compiled(f)(x), f(x), rtol=1e-4, atol=1e-4)
+
+
+def test_intermediates_are_deleted_after_their_last_use():
+    lines = ["def call(args):", "    x, = args", "    buf_a = f(x)", "    buf_b = g(buf_a)", "    # a comment",
+             "    k0(buf_b, buf_a2)", "    res_c = h(buf_b)", "    buf_d = res_c[0]", "    return (buf_d,)"]
+    got = runtime.free_dead_buffers(lines)
+    assert got == ["def call(args):", "    x, = args", "    buf_a = f(x)", "    buf_b = g(buf_a)", "    del buf_a",
+                   "    # a comment", "    k0(buf_b, buf_a2)", "    del buf_a2", "    res_c = h(buf_b)", "    del buf_b",
+                   "    buf_d = res_c[0]", "    del res_c", "    return (buf_d,)"]

@@ -1,0 +1,75 @@
+"""CUDA-graph replay of one generated call (lower -> schedule -> codegen -> **runtime**), for cuda_graphs=True.
+
+A replay costs one launch however many kernels the graph holds, so a graph of hundreds of small launches
+stops being bound by the host. What a replay must get right:
+- Inputs. The graph reads fixed addresses. An input whose address was the same on the first two calls
+  (parameters, typically) is read where it lives, and a replay with that input elsewhere is refused: the call
+  runs without the graph. Any other input is copied into a private buffer before each replay. A graph never
+  writes into an input (AOTAutograd applies input mutations outside the compiled graph).
+- Outputs live in the graph's private memory and the next replay overwrites them, so each replay returns
+  copies: the caller may keep outputs as long as it likes.
+- Capture runs on the second call (the first one checked the kernels) with thread-local capture mode,
+  because a backward graph is captured on autograd's device thread while other threads may run.
+"""
+
+import torch
+
+MAX_REFUSALS = 3   # replays refused for a moved input before the graph is dropped for good
+
+
+def input_slots(first_ptrs, args):
+    """Per argument: "address" (same tensor memory as the first call), "copy" (another tensor), or None."""
+    slots = []
+    for first, a in zip(first_ptrs, args):
+        if not isinstance(a, torch.Tensor):
+            slots.append(None)
+        else:
+            slots.append("address" if first is not None and a.data_ptr() == first else "copy")
+    return slots
+
+
+def data_ptrs(args):
+    return [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
+
+
+class GraphedCall:
+    """`graphed(args)` -> outputs replayed from a CUDA graph, or None when these args cannot use it."""
+
+    def __init__(self, call, first_args):
+        self.call, self.first_ptrs = call, data_ptrs(first_args)
+        self.graph, self.failed, self.refusals = None, False, 0
+
+    @property
+    def usable(self):
+        return not self.failed and self.refusals < MAX_REFUSALS
+
+    def __call__(self, args):
+        if self.graph is None and not self._capture(args):
+            return None
+        for slot, s, a, ptr in zip(self.slots, self.static, args, self.static_ptrs):
+            if slot == "address":
+                if a.data_ptr() != ptr:
+                    self.refusals += 1
+                    return None
+            elif slot == "copy" and a.data_ptr() != ptr:
+                s.copy_(a)
+        self.graph.replay()
+        return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.static_out)
+
+    def _capture(self, args):
+        try:
+            self.slots = input_slots(self.first_ptrs, args)
+            self.static = [a.clone() if slot == "copy" else a for slot, a in zip(self.slots, args)]
+            self.static_ptrs = data_ptrs(self.static)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self.static_out = self.call(self.static)
+            self.graph = graph
+            return True
+        except Exception as e:
+            from brrr.compile.runtime import warn_once   # runtime imports this module
+
+            warn_once(f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:120]}); launching kernels directly")
+            self.failed = True
+            return False
