@@ -1,6 +1,7 @@
 """What `brrr.analyze` costs on top of the step it analyzes, on CPU, stage by stage.
 
     .venv/bin/python benchmarks/analyze_overhead.py [--train] [--batch 1 --seq 8] [--repeats 5]
+    PYTHONPATH=$PWD python3 benchmarks/analyze_overhead.py --device cuda --dtype bf16 --batch 8 --seq 512
 
 BERT-base with a tiny input (1x8 tokens by default), so host overhead dominates as it does for BERT-base
 bf16 8x512 on an H100 (470 ATen ops in ~8.4 ms). Prints the eager step, the extra host cost per op of
@@ -22,24 +23,26 @@ import brrr  # noqa: F401  (brrr.analyze is replaced by a callable module on imp
 from brrr.analyze.capture import capture
 from brrr.analyze.step import Step
 from brrr.analyze.timing import profiled
-from brrr.cost.device import get_ceilings
+from brrr.cost.device import get_ceilings, synchronize
 from brrr.examples import bert_base
 
 analyze_module = sys.modules["brrr.analyze"]
 capture_module = sys.modules["brrr.analyze.capture"]
 
 
-def median_seconds(fn, repeats):
+def median_seconds(fn, repeats, device="cpu"):
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         fn()
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def profiled_capture(step):
-    with profiled(torch.device("cpu")):
+def profiled_capture(step, device):
+    with profiled(device):
         return capture(step)
 
 
@@ -119,19 +122,23 @@ def main():
     parser.add_argument("--seq", type=int, default=8)
     parser.add_argument("--train", action="store_true")
     parser.add_argument("--repeats", type=int, default=5, help="analyses timed (the median is printed)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     args = parser.parse_args()
     torch.manual_seed(0)
-    model, inputs = bert_base(device="cpu", dtype=torch.float32, batch=args.batch, seq=args.seq)
+    device = torch.device(args.device)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    model, inputs = bert_base(device=device, dtype=dtype, batch=args.batch, seq=args.seq)
     step = Step(model, inputs, train=args.train)
-    ceilings = get_ceilings(torch.device("cpu"))
+    ceilings = get_ceilings(device)
     for _ in range(3):
         step()
 
-    eager = median_seconds(step, 20)
+    eager = median_seconds(step, 20, device)
     ops = len(capture(step))
-    captured = median_seconds(lambda: capture(step), 10)
-    captured_profiled = median_seconds(lambda: profiled_capture(step), 10)
-    print(f"BERT-base fp32 {args.batch}x{args.seq} {'train' if args.train else 'inference'} on CPU, "
+    captured = median_seconds(lambda: capture(step), 10, device)
+    captured_profiled = median_seconds(lambda: profiled_capture(step, device), 10, device)
+    print(f"BERT-base {args.dtype} {args.batch}x{args.seq} {'train' if args.train else 'inference'} on {device}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"eager step          {eager * 1e3:8.2f} ms   ({ops} ATen ops, {eager / ops * 1e6:.1f} us/op)")
     print(f"capture()           {captured * 1e3:8.2f} ms   (+{(captured - eager) / ops * 1e6:.1f} us/op over eager)")

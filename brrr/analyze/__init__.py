@@ -24,7 +24,7 @@ from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, o
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
 STAGES = ("ceilings", "capture", "profile", "wall time", "classify")
-WALL_RUNS = 3  # plain steps timed for the wall time (median); the capture's warm-up step already ran
+WALL_RUNS = 2  # plain steps timed for the wall time (the faster): the warm-up step and one more
 
 
 @contextmanager
@@ -83,7 +83,7 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
     with _stage_bar(progress) as stage:
         stage("capture")
         # warm-up: first-call costs out of the way, a model that raises fails here; also one wall-time
-        # sample (the median of WALL_RUNS absorbs a slow first call)
+        # sample (the faster of the WALL_RUNS samples is kept, so a slow first call does not count)
         first_wall = time_once(step, device)
         with profiled(device) as prof:
             trace = record_step(step)

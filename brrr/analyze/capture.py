@@ -34,6 +34,7 @@ from brrr.cost.ops import OpCost, nbytes_touched, op_cost, tensors_in, written_a
 RANGE_PREFIX = "brrr#"
 # record_function's C++ core: a profiler range without record_function's own op dispatches (~1 us, not ~7)
 _op_range = torch._C._profiler._RecordFunctionFast
+_record_functions = torch.autograd._enable_record_function
 _graph_task_id = torch._C._current_graph_task_id
 OUTSIDE_MODEL = {"forward": "<step>", "backward": "<backward>"}
 _TENSOR = object()  # a recorded argument (_TENSOR, group) stands for the op's tensor number `group`
@@ -307,7 +308,13 @@ class OpTracer(TorchDispatchMode):
         self.funcs.append(func)
         if self.mark_ranges:
             with _op_range(RANGE_PREFIX + str(index)):
-                out = func(*args, **kwargs) if kwargs else func(*args)
+                # the range is all timing needs: the profiler skips recording the ATen op (and what it calls)
+                # inside it, which halves its events and its per-op cost; launches are still seen (CUPTI)
+                _record_functions(False)
+                try:
+                    out = func(*args, **kwargs) if kwargs else func(*args)
+                finally:
+                    _record_functions(True)
         else:
             out = func(*args, **kwargs) if kwargs else func(*args)
         if self.record_costs:

@@ -4,7 +4,8 @@ Three measurements of the same step:
 - per-op time: the step runs under capture's tracer with a `brrr#<index>` profiler range around each op;
   on CUDA an op's time is the device time of the kernels launched inside its range, on CPU the host time
   of the range.
-- wall time: a plain step (no tracer, no profiler), warmed up, synchronized, median of several runs.
+- wall time: a plain step (no tracer, no profiler), synchronized: the faster of the warm-up step and one
+  more (analyze), or the median of several runs.
 - device busy time: on CUDA the union of the traced run's kernel intervals (kernels take as long with the
   tracer as without; only the gaps between them grow); on CPU a plain profiled step's summed top-level ATen
   op time. Wall minus busy is time the device waited on the host (overhead).
@@ -46,12 +47,21 @@ def profiled(device, warm_up=True):
     with warnings.catch_warnings():
         # torch 2.11 warns that a profiler keeps only its last cycle's events; one cycle is all we use
         warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
-        with profile(activities=activities) as prof:
+        with profile(activities=activities, experimental_config=_lean_config()) as prof:
             if warm_up:
                 torch.zeros(1, device=device).add_(1)
                 synchronize(device)
             yield prof
             synchronize(device)
+
+
+def _lean_config():
+    """Kineto without external correlation: kernels are linked to ops here through the launch call's own
+    correlation id and the brrr#i range around it, so the per-op correlation push is pure cost."""
+    try:
+        return torch.profiler._ExperimentalConfig(disable_external_correlation=True)
+    except (AttributeError, TypeError):   # a torch without the option
+        return None
 
 
 def _is_launch_call(name):
@@ -136,15 +146,16 @@ def median_times(runs):
 
 
 def wall_time(step, device, warmup=1, min_runs=3, max_runs=10, budget_s=0.2, samples=()):
-    """Median seconds of a plain step, as many runs as fit in `budget_s` (within [min_runs, max_runs]);
-    `samples` already taken count towards the runs."""
+    """Median seconds of a plain step (the faster of two when only two run), as many runs as fit in
+    `budget_s` (within [min_runs, max_runs]); `samples` already taken count towards the runs."""
     for _ in range(warmup):
         step()
     samples = list(samples)
     deadline = time.perf_counter() + budget_s
     while len(samples) < min_runs or (len(samples) < max_runs and time.perf_counter() < deadline):
         samples.append(time_once(step, device))
-    return statistics.median(samples)
+    # a median needs three samples to reject one slow run; of two, the faster (the slow one is a first call)
+    return statistics.median(samples) if len(samples) >= 3 else min(samples)
 
 
 def union_seconds(intervals):

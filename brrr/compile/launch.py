@@ -10,7 +10,7 @@ What `JITFunction.run` would re-check per call, and what guards the direct path 
 - pointer alignment (Triton specializes on 16-byte alignment): every tensor argument is checked against
   the first launch, which made the kernel; a misaligned one takes the JIT path, which compiles a variant;
 - the values of non-tensor arguments: must equal the first launch's;
-- the current device: must be the one the kernel was loaded on;
+- the current device: the one the kernel was loaded on (CompiledGraph makes the graph's device current);
 - launch hooks (profilers such as proton): any registered hook sends launches through the JIT path.
 Under TRITON_INTERPRET=1 (or for an object that is not a compiled GPU kernel) every launch is the JIT path.
 """
@@ -65,10 +65,10 @@ class Launcher:
     def __call__(self, *args):
         fast = self.fast
         if fast and self._fits(args):
-            run, function, packed, device, tail, enter, exit_ = fast
+            run, function, packed, device, tail = fast[:5]
             g0, g1, g2 = self.grid3
-            run(g0, g1, g2, _current_stream(device), function, packed, None, enter, exit_,
-                *args, *tail)
+            # no launch metadata and no hooks: _fits saw both hook chains empty
+            run(g0, g1, g2, _current_stream(device), function, packed, None, None, None, *args, *tail)
             return None
         kernel = self.jit_fn[self.grid](*args, **self.meta)
         if fast is None and self.fast is None:
@@ -76,13 +76,14 @@ class Launcher:
         return kernel
 
     def _fits(self, args):
+        # the current device is the kernel's: CompiledGraph makes the graph's device current for the call
         fast = self.fast
-        if _current_device() != fast[3] or not (_hook_chain_idle(fast[5]) and _hook_chain_idle(fast[6])):
+        if not (_hook_chain_idle(fast[5]) and _hook_chain_idle(fast[6])):
             return False
         for i in self.tensor_slots:
             if args[i].data_ptr() & 15:
                 return False
-        return tuple(args[i] for i in self.plain_slots) == self.plain_args
+        return not self.plain_slots or tuple(args[i] for i in self.plain_slots) == self.plain_args
 
     def _prepare(self, kernel, args):
         """Keep what a direct launch needs, when the first launch compiled a GPU kernel from aligned tensors."""
