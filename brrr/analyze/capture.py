@@ -77,12 +77,13 @@ class OpRecord:
 
 
 def _storage_key(t):
-    """Identity of the memory a tensor lives in; None for tensors with no real storage (or 0 elements)."""
+    """Identity of the memory a tensor lives in: (device index, storage start address); None for tensors
+    with no real storage (or 0 elements). From data_ptr and offset: cheaper than building the storage object."""
     try:
-        ptr = t.untyped_storage().data_ptr()
+        ptr = t.data_ptr() - t.storage_offset() * t.itemsize
     except Exception:  # sparse, nested or wrapper subclasses
         return None
-    return (t.device, ptr) if ptr else None
+    return (t.get_device(), ptr) if ptr else None
 
 
 class _Call:
