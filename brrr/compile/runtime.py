@@ -220,15 +220,21 @@ def build(plan, gm, cuda_graphs=False):
             fx = n.fx
             if n.kind == "pointwise":   # a view of a materialized tensor: run it as the ATen view it is
                 i = n.meta.get("out_index")
+                folded = _folded_view(n)
+                if folded is not None:   # one as_strided on the materialized tensor for a chain of views
+                    root, size, stride, delta = folded
+                    offset = f", {var(root)}.storage_offset() + {delta}" if delta else ""
+                    lines.append(f"    {var(n)} = {var(root)}.as_strided({size}, {stride}{offset})  # view {fx.target}")
+                    continue
                 method = VIEW_METHODS.get(fx.target) if not fx.kwargs and i is None else None
                 if method is not None:   # the Tensor method: the same view without OpOverload's Python
                     rest = ", ".join(const(a) for a in fx.args[1:])
-                    lines.append(f"    {var(n)} = {var(n.view_of)}.{method}({rest})  # {fx.target}")
+                    lines.append(f"    {var(n)} = {var(n.view_of)}.{method}({rest})  # view {fx.target}")
                     continue
                 fn = const(fx.target)
                 args = ", ".join([var(n.view_of)] + [const(a) for a in fx.args[1:]])
                 kw = "".join(f", {k}={const(v)}" for k, v in fx.kwargs.items())
-                lines.append(f"    {var(n)} = {fn}({args}{kw}){'' if i is None else f'[{i}]'}  # {fx.target}")
+                lines.append(f"    {var(n)} = {fn}({args}{kw}){'' if i is None else f'[{i}]'}  # view {fx.target}")
                 continue
             if fx not in done_fx:
                 rv = f"res_{fx.name}"
@@ -265,7 +271,7 @@ def build(plan, gm, cuda_graphs=False):
             lines.append(f"    {ks.name}({', '.join(var(a) for a in ks.args)})  # grid {ks.grid}, {ks.meta}")
     outs = [var(o) if isinstance(o, ir.Node) else const(o) for o in L.outputs]
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-    source = "\n".join(free_dead_buffers(lines)) + "\n"
+    source = "\n".join(free_dead_buffers(drop_unused_views(lines))) + "\n"
     device = _device_name(plan)
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, max(1, len(launches)))) as pool:
         futs = {ks.name: pool.submit(_load_and_warm, ks, device) for ks in launches}
@@ -279,6 +285,59 @@ def build(plan, gm, cuda_graphs=False):
             f.write(source)
     exec(compile(source, filename, "exec"), glb)
     return CompiledGraph(glb["call"], gm, source, cuda_graphs=cuda_graphs, device=_cuda_device(plan)), kernels
+
+
+def _is_host_view(node):
+    return node.view_of is not None and node.kind == "pointwise" and node.fx is not None \
+        and node.fx.op == "call_function"
+
+
+def _fake_of(node):
+    fake = node.meta.get("fake")
+    if fake is None and node.fx is not None:
+        fake = node.fx.meta.get("val")
+    return fake if isinstance(fake, torch.Tensor) else None
+
+
+def _static_ints(values):
+    return all(type(v) is int for v in values)
+
+
+def _folded_view(node):
+    """(root, size, stride, storage-offset delta) to build `node` as one as_strided view of the materialized
+    tensor its chain of views starts from, or None. Only when the root's real layout is the traced one (its
+    strides are what kernels and layout() hold it to), so the traced view's strides are the real ones."""
+    root = node.view_of
+    while isinstance(root, ir.Node) and _is_host_view(root):
+        root = root.view_of
+    if not isinstance(root, ir.Node) or root is node.view_of:
+        return None   # a single view: its own call is as cheap
+    fake, root_fake = _fake_of(node), _fake_of(root)
+    real_stride = getattr(root, "stride", None)
+    if fake is None or root_fake is None or real_stride is None:
+        return None
+    size, stride = tuple(fake.shape), tuple(fake.stride())
+    if not (_static_ints(size) and _static_ints(stride) and _static_ints(root_fake.stride())):
+        return None
+    if tuple(root_fake.shape) != tuple(root.shape) or tuple(root_fake.stride()) != tuple(real_stride):
+        return None
+    delta = fake.storage_offset() - root_fake.storage_offset()
+    return (root, size, stride, delta) if type(delta) is int else None
+
+
+def drop_unused_views(lines):
+    """`lines` without view lines (tagged `# view`) whose result nothing reads: after folding, the middle
+    of a chain of views."""
+    while True:
+        reads = set()
+        for line in lines[1:]:
+            if not line.lstrip().startswith("#"):
+                reads |= _names(line.split("  # view")[0] if "  # view" in line else line)[0]
+        keep = [line for line in lines if "  # view" not in line
+                or line.split("=", 1)[0].strip() in reads]
+        if len(keep) == len(lines):
+            return lines
+        lines = keep
 
 
 def _names(line):

@@ -201,3 +201,19 @@ def test_intermediates_are_deleted_after_their_last_use():
     assert got == ["def call(args):", "    x, = args", "    buf_a = f(x)", "    buf_b = g(buf_a)", "    del buf_a",
                    "    # a comment", "    k0(buf_b, buf_a2)", "    del buf_a2", "    res_c = h(buf_b)", "    del buf_b",
                    "    buf_d = res_c[0]", "    del res_c", "    return (buf_d,)"]
+
+
+def test_chains_of_views_become_one_as_strided_and_the_middle_goes():
+    lines = ["def call(args):", "    x, = args", "    buf_v1 = x.view((4, 4))  # view aten.view.default",
+             "    buf_v2 = x.as_strided((4, 4), (1, 4))  # view aten.permute.default", "    res_mm = mm(buf_v2, x)",
+             "    return (res_mm,)"]
+    assert runtime.drop_unused_views(lines) == lines[:2] + lines[3:]
+
+
+def test_folded_views_match_eager_on_extern_inputs():
+    def f(x, w):
+        y = torch.mm(x, w)                                      # an extern: its output is materialized
+        z = y.view(4, 2, 8).permute(1, 0, 2).reshape(2, 32)     # a chain of views feeding another extern
+        return torch.mm(z.t(), z[:, 3:11].contiguous().t().contiguous().t())
+    x, w = torch.randn(4, 8), torch.randn(8, 16)
+    torch.testing.assert_close(compiled(f)(x, w), f(x, w))
