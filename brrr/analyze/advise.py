@@ -90,9 +90,9 @@ def fusion_bytes_saved(group):
     return saved
 
 
-def fusion_advice(records, ceilings):
+def fusion_advice(records, ceilings, groups=None):
     items = []
-    for group in fusion_groups(records):
+    for group in fusion_groups(records) if groups is None else groups:
         saved = fusion_bytes_saved(group)
         if saved < MIN_FUSE_BYTES:
             continue
@@ -118,7 +118,7 @@ def fusion_advice(records, ceilings):
 
 # --- overhead -------------------------------------------------------------------------------------------------
 
-def overhead_advice(records, split, wall_time_s, busy_time_s, kind, fusion_items):
+def overhead_advice(records, split, wall_time_s, busy_time_s, kind, fusion_items, groups=None):
     """CUDA graphs, compiling and a larger batch, when overhead holds a large share of the step."""
     if wall_time_s <= 0 or split["overhead"] < OVERHEAD_ADVICE_FRACTION * wall_time_s:
         return []
@@ -137,7 +137,8 @@ def overhead_advice(records, split, wall_time_s, busy_time_s, kind, fusion_items
     # Compiling removes the dispatch of every op it fuses away (views and fused groups), at the average
     # overhead per op, and the fused groups' traffic.
     removed_ops = sum(1 for r in records if r.op_class == "view")
-    removed_ops += sum(len(group) - 1 for group in fusion_groups(records))
+    groups = fusion_groups(records) if groups is None else groups
+    removed_ops += sum(len(group) - 1 for group in groups)
     per_op = overhead / len(records) if records else 0.0
     compile_saving = min(per_op * removed_ops + sum(a["predicted_saving_s"] for a in fusion_items), overhead)
     items.append(advice_item(
@@ -202,7 +203,8 @@ def precision_advice(records, ceilings, tf32_enabled=None):
 
 def advise(records, ceilings, split, wall_time_s, busy_time_s, tf32_enabled=None):
     """All advice for one analyzed step, largest predicted saving first."""
-    fusion = fusion_advice(records, ceilings)
+    groups = fusion_groups(records)
+    fusion = fusion_advice(records, ceilings, groups)
     items = fusion + precision_advice(records, ceilings, tf32_enabled)
-    items += overhead_advice(records, split, wall_time_s, busy_time_s, ceilings.kind, fusion)
+    items += overhead_advice(records, split, wall_time_s, busy_time_s, ceilings.kind, fusion, groups)
     return sorted(items, key=lambda a: -a["predicted_saving_s"])

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
+from torch._ops import OpOverload
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -101,19 +102,36 @@ class _Call:
         """`value` with tensors replaced by (_TENSOR, group) and lists by tuples: hashable, holds no tensor."""
         if isinstance(value, torch.Tensor):
             return self.tensor(value)
-        if isinstance(value, (list, tuple)):  # scalars inline: most arguments are tensors, ints and int lists
-            return tuple([self.tensor(v) if isinstance(v, torch.Tensor) else
-                          self.freeze(v) if isinstance(v, (list, tuple)) else v for v in value])
+        if isinstance(value, (list, tuple)):
+            return self.sequence(value)
         return value
 
+    def sequence(self, values):
+        # the hot path: most arguments are tensors, ints and int lists, so those are tested inline
+        frozen = []
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                v = self.tensor(v)
+            elif isinstance(v, (list, tuple)):
+                v = self.sequence(v)
+            frozen.append(v)
+        return tuple(frozen)
+
     def tensor(self, t):
-        group = self.groups.get(id(t))
+        groups = self.groups
+        group = groups.get(id(t))
         if group is None:
-            group = self.groups[id(t)] = len(self.metas)
+            group = groups[id(t)] = len(self.keys)
             self.metas.append((t.shape, t.stride(), t.dtype))
             self.keys.append(_storage_key(t))
         self.found.append(group)
-        return (_TENSOR, group)
+        try:
+            return _MARKS[group]
+        except IndexError:
+            return (_TENSOR, group)
+
+
+_MARKS = tuple((_TENSOR, group) for group in range(64))  # shared markers: no tuple per tensor
 
 
 class _RawOp(NamedTuple):
@@ -307,31 +325,33 @@ class OpTracer(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         index = len(self.funcs)
         self.funcs.append(func)
+        run = func._op if type(func) is OpOverload else func  # the C++ entry OpOverload.__call__ forwards to
         if self.mark_ranges:
             with _op_range(RANGE_PREFIX + str(index)):
                 # the range is all timing needs: the profiler skips recording the ATen op (and what it calls)
                 # inside it, which halves its events and its per-op cost; launches are still seen (CUPTI)
                 _record_functions(False)
                 try:
-                    out = func(*args, **kwargs) if kwargs else func(*args)
+                    out = run(*args, **kwargs) if kwargs else run(*args)
                 finally:
                     _record_functions(True)
         else:
-            out = func(*args, **kwargs) if kwargs else func(*args)
+            out = run(*args, **kwargs) if kwargs else run(*args)
         if self.record_costs:
             self._note(func, args, kwargs, out)
         return out
 
     def _note(self, func, args, kwargs, out):
         call = _Call()
-        frozen_args = call.freeze(args)
+        frozen_args = call.sequence(args)  # args always come as a tuple
         arg_inputs = len(call.found)
         frozen_kwargs = tuple([(name, call.freeze(v)) for name, v in kwargs.items()]) if kwargs else ()
         inputs, call.found = call.found, []
         frozen_out = call.freeze(out)
         module, phase = self._module_and_phase(out)
-        self.raw.append(_RawOp(func, frozen_args, frozen_kwargs, frozen_out, tuple(call.metas), call.keys, inputs,
-                               arg_inputs, call.found, module, phase))
+        # tuple.__new__ skips the NamedTuple's Python-level __new__
+        self.raw.append(tuple.__new__(_RawOp, (func, frozen_args, frozen_kwargs, frozen_out, tuple(call.metas),
+                                               call.keys, inputs, arg_inputs, call.found, module, phase)))
 
     def _module_and_phase(self, out):
         backward = self.backward_modules
@@ -353,9 +373,10 @@ class Trace:
 
     def records(self):
         prices, records, self._writer = {}, [], {}
-        for index, op in enumerate(self.raw):
-            records.append(self._record(index, op, self._cost(op, prices)))
-            self._link(records, op)
+        with _gc_paused():  # as in the step: ~2 OpRecord lists per op would set off collections (a full one: ~0.2 s)
+            for index, op in enumerate(self.raw):
+                records.append(self._record(index, op, self._cost(op, prices)))
+                self._link(records, op)
         for key in self.result_keys:
             writer = self._writer.get(key)
             if writer is not None:

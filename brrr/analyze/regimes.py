@@ -42,10 +42,15 @@ def achieved_fraction(roofline_time_s, time_s):
 
 def place_ops(records, ceilings):
     """Fill `roofline_time_s` and `regime` of every OpRecord from its FLOPs, bytes and measured time."""
+    floors = {}  # (flops, bytes, dtype, contraction) -> (peak, floor): a model's layers repeat the same ops
     for r in records:
-        peak = ceilings.peak_flops(r.dtype, contraction=r.contraction)
-        r.roofline_time_s = ceilings.roofline_time(r.flops, r.bytes, r.dtype, contraction=r.contraction)
-        r.regime = classify(r.flops, r.bytes, r.time_s, peak, ceilings.bandwidth, ceilings.launch_latency)
+        work = (r.flops, r.bytes, r.dtype, r.contraction)
+        roofs = floors.get(work)
+        if roofs is None:
+            roofs = floors[work] = (ceilings.peak_flops(r.dtype, contraction=work[3]),
+                                    ceilings.roofline_time(work[0], work[1], r.dtype, contraction=work[3]))
+        peak, r.roofline_time_s = roofs
+        r.regime = classify(work[0], work[1], r.time_s, peak, ceilings.bandwidth, ceilings.launch_latency)
     return records
 
 
@@ -76,8 +81,10 @@ def module_regimes(records):
     """Per module path: op count, FLOPs, bytes, seconds, seconds per regime and the dominant regime."""
     modules = {}
     for r in records:
-        m = modules.setdefault(r.module, {"ops": 0, "flops": 0, "bytes": 0, "time_s": 0.0,
-                                          "seconds": dict.fromkeys(REGIMES, 0.0)})
+        m = modules.get(r.module)
+        if m is None:
+            m = modules[r.module] = {"ops": 0, "flops": 0, "bytes": 0, "time_s": 0.0,
+                                     "seconds": dict.fromkeys(REGIMES, 0.0)}
         m["ops"] += 1
         m["flops"] += r.flops
         m["bytes"] += r.bytes
