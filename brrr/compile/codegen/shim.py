@@ -44,6 +44,16 @@ def trunc(x):
 def prod_combine(a, b):
     return a * b
 ''',
+    "max_nan": '''
+@triton.jit
+def max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+''',
+    "min_nan": '''
+@triton.jit
+def min_nan(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+''',
     "expm1": '''
 @triton.jit
 def expm1(x):

@@ -55,6 +55,7 @@ class Codegen:
         self.helpers = set()
         self.counter = 0
         self.red_result = {}                 # in-kernel reduction -> tmp name (row-level)
+        self.nan_aware = set()               # float max/min/argmax/argmin reductions: NaN wins, as in torch
         self.external_reduce_refs = set()    # reductions of other kernels this one loads
         self.ops = set()
         self.int64 = False
@@ -252,10 +253,17 @@ class Codegen:
         if r.rtype == "sum":
             e = f"tl.sum({acc}, 1)"
         elif r.rtype in ("max", "min"):
-            e = f"tl.{r.rtype}({acc}, 1)"
+            if r in self.nan_aware:   # torch's max/min propagate NaN; tl.max/tl.min would skip it
+                self.helpers.add(f"{r.rtype}_nan")
+                e = f"tl.reduce({acc}, 1, {r.rtype}_nan)"
+            else:
+                e = f"tl.{r.rtype}({acc}, 1)"
         elif r.rtype == "prod":
             self.helpers.add("prod_combine")
             e = f"tl.reduce({acc}, 1, prod_combine)"
+        elif r in self.nan_aware:   # argmax/argmin: torch picks the first NaN of a row that has one
+            nan = f"({acc} != {acc}).to(tl.int32)"
+            e = f"tl.where(tl.max({nan}, 1) > 0, tl.argmax({nan}, 1), tl.{r.rtype}({acc}, 1))"
         else:
             e = f"tl.{r.rtype}({acc}, 1)"
         return f"{e}[:, None]"
@@ -274,7 +282,10 @@ class Codegen:
         return big if r.rtype in ("min", "argmin") else small
 
     def reduction_input(self, scope, r):
-        name, _ = self.value(scope, r.body(self.k.full_index()))
+        value = r.body(self.k.full_index())
+        if value.dtype.is_floating_point and r.rtype in ("max", "min", "argmax", "argmin"):
+            self.nan_aware.add(r)
+        name, _ = self.value(scope, value)
         acc = compute_dtype(r.meta.get("acc_dtype", r.dtype))
         if acc == torch.bool:
             name = self.tmp(scope, f"tl.cast({name}, tl.int32)", True)
@@ -371,8 +382,9 @@ class Codegen:
             loop = self.loop(s)
             for r, acc in zip(group, accs):
                 t = self.reduction_input(loop, r)
+                nan = ", propagate_nan=tl.PropagateNan.ALL" if r in self.nan_aware else ""
                 comb = {"sum": f"{acc} + {t}", "prod": f"{acc} * {t}",
-                        "max": f"tl.maximum({acc}, {t})", "min": f"tl.minimum({acc}, {t})"}[r.rtype]
+                        "max": f"tl.maximum({acc}, {t}{nan})", "min": f"tl.minimum({acc}, {t}{nan})"}[r.rtype]
                 loop.lines.append(f"        {acc} = {comb}")
             s.lines.extend(loop.lines)
             for r, acc in zip(group, accs):
