@@ -135,6 +135,14 @@ def indirect(v, coeff=1):
     return Ix([Term(v, None, 1, None, coeff)])
 
 
+def check_index_input(L, index, size, op, negative_ok=False):
+    """Have the runtime check an index tensor that comes in as a graph input (input_ids, targets) against
+    the size it indexes: eager raises on such an index, a kernel would read outside the tensor."""
+    if isinstance(index, ir.Node) and index.kind == "buffer" and index.producer == "input" and \
+            all(isinstance(d, int) for d in index.shape) and 0 not in tuple(index.shape):
+        L.index_checks.append((index, -size if negative_ok else 0, size, op))
+
+
 def wrap_negative(v, size):
     """index values may be negative (index_select/gather forbid it; index allows): wrap like ATen."""
     return Op("where", [Op("lt", [v, Const(0, v.dtype)], torch.bool), Op("add", [v, Const(size, v.dtype)], v.dtype),
@@ -270,6 +278,7 @@ class Lowering:
         self.fallbacks = []     # (fx node, reason)
         self.externs = []
         self.seeds = {}
+        self.index_checks = []  # (graph-input index buffer, lowest valid value, size, op): checked per call
         self.added = set()
 
     def fresh(self, prefix):

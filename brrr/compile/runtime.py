@@ -174,7 +174,7 @@ class CompiledGraph:
 def build(plan, gm, cuda_graphs=False):
     kernels = generate_all(plan)
     names, glb = {}, {"torch": torch, "empty_strided": torch.empty_strided, "empty_cuda": _EMPTY_CUDA,
-                      "layout": layout}
+                      "layout": layout, "check_index": check_index}
     L = plan.lowering
 
     def var(node):
@@ -208,6 +208,8 @@ def build(plan, gm, cuda_graphs=False):
         names[n] = n.fx.name
         if len(n.shape) > 1:
             lines.append(f"    {n.fx.name} = layout({n.fx.name}, {tuple(n.stride)})")
+    for index, low, size, op in L.index_checks:
+        lines.append(f"    check_index({var(index)}, {low}, {size}, {op!r})")
     for seed in L.seeds.values():
         dev = seed.meta["device"]
         lines.append(f"    {var(seed)} = torch.randint(0, 2**31 - 1, (1,), device={const(torch.device(dev))})")
@@ -372,6 +374,13 @@ def free_dead_buffers(lines):
         if i in dead_after:
             out.append(f"    del {', '.join(sorted(dead_after[i]))}")
     return out
+
+
+def check_index(index, low, size, op):
+    """Raise (CPU) or assert on the device without a sync (CUDA), as eager does, when an index tensor holds a
+    value outside [low, size): the kernels would read outside the tensor it indexes."""
+    lo, hi = torch.aminmax(index)
+    torch._assert_async((lo >= low) & (hi < size), f"brrr: {op} index out of range [{low}, {size})")
 
 
 def layout(t, stride):

@@ -6,7 +6,7 @@ import torch
 from brrr.compile import ir
 from brrr.compile.indexing import Ix, Term, contiguous_strides, linear, unflatten
 from brrr.compile.ir import Const, IndexValue, Op
-from brrr.compile.lower import (NotLowered, cast, fake, ge, indirect, lt, masked, meta, op_name, pw, register,
+from brrr.compile.lower import (NotLowered, cast, check_index_input, fake, ge, indirect, lt, masked, meta, op_name, pw, register,
                                 register_prim, value_of, view_node, wrap_negative)
 
 
@@ -188,6 +188,7 @@ def lower_pad(L, fx, x, pad, value=0):
 
 @register("embedding")
 def lower_embedding(L, fx, weight, indices, *rest):
+    check_index_input(L, indices, weight.shape[0], "embedding")
     k = len(indices.shape)
     return pw(L, fx, lambda idx: weight([indirect(indices(idx[:k]))] + list(idx[k:])))
 
@@ -195,6 +196,8 @@ def lower_embedding(L, fx, weight, indices, *rest):
 @register("index_select")
 def lower_index_select(L, fx, x, dim, index):
     dim %= max(len(x.shape), 1)
+    if len(x.shape):
+        check_index_input(L, index, x.shape[dim], "index_select")
 
     def fn(idx):
         idx = list(idx)
@@ -207,6 +210,8 @@ def lower_index_select(L, fx, x, dim, index):
 @register("gather")
 def lower_gather(L, fx, x, dim, index, sparse_grad=False):
     dim %= max(len(x.shape), 1)
+    if len(x.shape):
+        check_index_input(L, index, x.shape[dim], "gather")
 
     def fn(idx):
         src = list(idx)
@@ -226,6 +231,8 @@ def lower_index(L, fx, x, indices):
     if len(shapes) != 1:
         raise NotLowered("index tensors of different shapes")
     k = len(next(iter(shapes)))
+    for d, i in enumerate(indices):
+        check_index_input(L, i, x.shape[d], "index", negative_ok=True)
 
     def fn(idx):
         src = [indirect(wrap_negative(cast(i(idx[:k]), torch.int64), x.shape[d])) for d, i in enumerate(indices)]

@@ -1,0 +1,74 @@
+"""Bad input gets eager's answer or a clear error, never a wrong number.
+
+- NaN and infinities through reductions: torch's max/min/argmax/argmin let NaN win (argmax/argmin pick the
+  first NaN); brrr's kernels give the same numbers, in one-pass and looped reductions alike.
+- Out-of-range index tensors passed in by the caller raise, as eager does, instead of reading outside the
+  indexed tensor."""
+
+import pytest
+import torch
+
+from tests.compile.helpers import compiled
+
+OPS = {
+    "amax": lambda t: t.amax(-1),
+    "amin": lambda t: t.amin(-1),
+    "max.dim": lambda t: t.max(-1),
+    "min.dim": lambda t: t.min(-1),
+    "argmax": lambda t: t.argmax(-1),
+    "argmin": lambda t: t.argmin(-1),
+    "amax over rows": lambda t: t.amax(0),
+    "max of all": lambda t: t.max(),
+    "softmax": lambda t: t.softmax(-1),
+    "log_softmax": lambda t: t.log_softmax(-1),
+}
+
+
+def special(rows, cols, dtype):
+    x = torch.randn(rows, cols)
+    x[1, 3] = float("nan")
+    x[1, 6] = float("inf")        # a NaN beats a larger-looking inf
+    x[2, 0] = float("inf")
+    x[3, 5] = float("-inf")
+    x[4, :] = float("-inf")       # a row of -inf
+    x[5, 2] = x[5, cols - 1] = float("nan")   # two NaNs: argmax/argmin take the first
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cols", [8, 5000])   # one pass, and a looped reduction
+@pytest.mark.parametrize("name", list(OPS))
+def test_nan_and_inf_match_eager(name, cols, dtype):
+    fn = OPS[name]
+    x = special(6, cols, dtype)
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled(fn)(x), fn(x), equal_nan=True)
+
+
+BAD_INDEX = {   # index tensors that come straight from the caller (input_ids, targets): checked per call
+    "embedding": (lambda w, i: torch.nn.functional.embedding(i, w), (2, 2)),
+    "index_select": (lambda w, i: w.index_select(0, i), (4,)),
+    "gather": (lambda w, i: w.gather(0, i), (2, 4)),
+    "index": (lambda w, i: w[i], (2, 2)),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INDEX))
+def test_out_of_range_index_inputs_raise_like_eager(name):
+    fn, shape = BAD_INDEX[name]
+    w = torch.randn(10, 4)
+    good = torch.tensor([0, 9, 3, 1, 2, 5, 7, 8]).view(-1)[:torch.Size(shape).numel()].view(shape)
+    torch._dynamo.reset()
+    c = compiled(fn)
+    torch.testing.assert_close(c(w, good), fn(w, good))
+    for value in (10, -11):
+        bad = good.clone()
+        bad.view(-1)[0] = value
+        with pytest.raises((RuntimeError, IndexError)):
+            fn(w, bad)       # eager refuses it ...
+        with pytest.raises(RuntimeError, match="out of range"):
+            c(w, bad)        # ... and so does brrr, instead of reading outside w
+    if name == "index":      # negative indices in range wrap, as in eager
+        neg = good.clone()
+        neg.view(-1)[0] = -10
+        torch.testing.assert_close(c(w, neg), fn(w, neg))
