@@ -15,7 +15,7 @@ import os
 import torch
 
 from brrr.compile.attention_mask import contiguous_attention_masks
-from brrr.compile.runtime import warn_once
+from brrr.compile.runtime import recover, warn_once
 
 aten = torch.ops.aten
 
@@ -106,10 +106,8 @@ def compile_graph(gm, example_inputs, cuda_graphs=False, sink=None, graph_kind="
                 warn_once(f"aten.{getattr(fx.target, '__name__', fx.target)} runs as ATen: {why}")
         compiled, _ = build(plan, gm, cuda_graphs=cuda_graphs and "cuda" in _devices(gm))
         return compiled
-    except Exception as e:   # brrr must never break the model: run this graph as ATen
-        if os.environ.get("BRRR_DEBUG") == "1":
-            raise
-        warn_once(f"compiling a graph failed ({type(e).__name__}: {str(e)[:200]}); running it as ATen")
+    except Exception as e:
+        recover(e, "compiling a graph failed", "running it as ATen")
         return make_boxed_func(gm)
 
 
@@ -135,9 +133,7 @@ def brrr_backend(gm, example_inputs, cuda_graphs=False, _sink=None, **options):
     try:
         contiguous_attention_masks(gm)
     except Exception as e:   # an optimization only: the graph stays as Dynamo gave it
-        if os.environ.get("BRRR_DEBUG") == "1":
-            raise
-        warn_once(f"attention mask pass failed ({type(e).__name__}: {str(e)[:200]}); graph left as is")
+        recover(e, "attention mask pass failed", "graph left as is")
     return backend(gm, example_inputs)
 
 

@@ -122,6 +122,12 @@ class Node:
         return f"{self.kind}:{self.name}{list(self.shape)}"
 
 
+def is_host_view(node):
+    """A view of a materialized tensor, run as the ATen view it is rather than as an index rewrite."""
+    return node.view_of is not None and node.kind == "pointwise" and node.fx is not None \
+        and node.fx.op == "call_function"
+
+
 def buffer(name, shape, stride, dtype, producer, fx=None, offset=0, **kw):
     return Node(name, "buffer", tuple(shape), dtype, fx=fx, stride=tuple(stride), offset=offset,
                 producer=producer, **kw)

@@ -48,11 +48,6 @@ def _launch_hooks():
         return CompiledKernel.launch_enter_hook, CompiledKernel.launch_exit_hook
 
 
-def _hooks_idle():
-    enter, exit_ = _launch_hooks()
-    return _hook_chain_idle(enter) and _hook_chain_idle(exit_)
-
-
 class Launcher:
     """`launcher(*args)` == `jit_fn[grid](*args, **meta)`, without the JIT's per-call work once it has run."""
 
@@ -60,7 +55,7 @@ class Launcher:
         self.jit_fn, self.grid, self.meta = jit_fn, tuple(grid), dict(meta)
         self.grid3 = (self.grid + (1, 1))[:3]
         self.fast = None   # (run, function, packed_metadata, device index, tail args, enter, exit)
-        self.tensor_slots, self.plain_args = (), ()
+        self.tensor_slots, self.plain_slots, self.plain_args = (), (), ()
 
     def __call__(self, *args):
         fast = self.fast
@@ -98,11 +93,12 @@ class Launcher:
             return
         if not all(_device_tensor(a) or type(a) in _PLAIN for a in args):
             return
-        if any(isinstance(a, torch.Tensor) and a.data_ptr() & 15 for a in args) or not _hooks_idle():
+        enter, exit_ = _launch_hooks()
+        if any(isinstance(a, torch.Tensor) and a.data_ptr() & 15 for a in args) or \
+                not (_hook_chain_idle(enter) and _hook_chain_idle(exit_)):
             return
         self.tensor_slots = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
         self.plain_slots = tuple(i for i, a in enumerate(args) if not isinstance(a, torch.Tensor))
         self.plain_args = tuple(args[i] for i in self.plain_slots)
-        enter, exit_ = _launch_hooks()
         self.fast = (run, function, packed, _current_device(), tuple(self.meta[n] for n in tail_names),
                      enter, exit_)

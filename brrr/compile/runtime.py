@@ -18,6 +18,7 @@ import os
 import sys
 import tempfile
 import warnings
+from collections import Counter
 
 import torch
 
@@ -34,6 +35,14 @@ def warn_once(reason):
     if reason not in _WARNED:
         _WARNED.add(reason)
         warnings.warn(f"brrr: {reason}", stacklevel=3)
+
+
+def recover(exc, what, then):
+    """A failure inside brrr: raised under BRRR_DEBUG=1 (the tests), else warned once while the caller goes on
+    as `then` says (the model never breaks because of brrr)."""
+    if os.environ.get("BRRR_DEBUG") == "1":
+        raise exc
+    warn_once(f"{what} ({type(exc).__name__}: {str(exc)[:200]}); {then}")
 
 
 def cache_dir():
@@ -158,10 +167,8 @@ class CompiledGraph:
             return self.call(args)
         try:
             out = self.call(args)
-        except Exception as e:   # never crash the user's model because of brrr
-            if os.environ.get("BRRR_DEBUG") == "1":
-                raise
-            warn_once(f"a generated kernel failed ({type(e).__name__}: {str(e)[:200]}); running this graph as ATen")
+        except Exception as e:
+            recover(e, "a generated kernel failed", "running this graph as ATen")
             self.call = lambda a: self.gm(*a)
             self.verified = True
             return self.call(args)
@@ -289,11 +296,6 @@ def build(plan, gm, cuda_graphs=False):
     return CompiledGraph(glb["call"], gm, source, cuda_graphs=cuda_graphs, device=_cuda_device(plan)), kernels
 
 
-def _is_host_view(node):
-    return node.view_of is not None and node.kind == "pointwise" and node.fx is not None \
-        and node.fx.op == "call_function"
-
-
 def _fake_of(node):
     fake = node.meta.get("fake")
     if fake is None and node.fx is not None:
@@ -310,7 +312,7 @@ def _folded_view(node):
     tensor its chain of views starts from, or None. Only when the root's real layout is the traced one (its
     strides are what kernels and layout() hold it to), so the traced view's strides are the real ones."""
     root = node.view_of
-    while isinstance(root, ir.Node) and _is_host_view(root):
+    while isinstance(root, ir.Node) and ir.is_host_view(root):
         root = root.view_of
     if not isinstance(root, ir.Node) or root is node.view_of:
         return None   # a single view: its own call is as cheap
@@ -329,17 +331,22 @@ def _folded_view(node):
 
 def drop_unused_views(lines):
     """`lines` without view lines (tagged `# view`) whose result nothing reads: after folding, the middle
-    of a chain of views."""
-    while True:
-        reads = set()
-        for line in lines[1:]:
-            if not line.lstrip().startswith("#"):
-                reads |= _names(line.split("  # view")[0] if "  # view" in line else line)[0]
-        keep = [line for line in lines if "  # view" not in line
-                or line.split("=", 1)[0].strip() in reads]
-        if len(keep) == len(lines):
-            return lines
-        lines = keep
+    of a chain of views. Walked backwards, so a dropped view releases the view it read in the same pass."""
+    uses = _uses(lines)
+    readers = Counter(name for read, _ in uses for name in read)
+    keep = [True] * len(lines)
+    for i in range(len(lines) - 1, 0, -1):
+        read, written = uses[i]
+        if "  # view" in lines[i] and not any(readers[name] for name in written):
+            keep[i] = False
+            readers.subtract(read)
+    return [line for line, kept in zip(lines, keep) if kept]
+
+
+def _uses(lines):
+    """(read, written) names per line of a generated call; nothing for the `def` line and comments."""
+    return [_names(line) if line.startswith("    ") and not line.lstrip().startswith("#") else (set(), set())
+            for line in lines]
 
 
 def _names(line):
@@ -356,8 +363,7 @@ def free_dead_buffers(lines):
     """`lines` of the generated call with `del` after each intermediate's last use, so a buffer's memory
     goes back to the caching allocator as soon as the graph is done with it, not when the call returns
     (BERT-base inference held 1.8 GB instead of 0.4). Inputs belong to the caller and are left alone."""
-    uses = [_names(line) if line.startswith("    ") and not line.lstrip().startswith("#") else (set(), set())
-            for line in lines]
+    uses = _uses(lines)
     last = {}
     for i, (read, written) in enumerate(uses):
         for name in read | written:

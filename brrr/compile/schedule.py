@@ -106,7 +106,7 @@ class Scheduler:
     def require(self, node):
         if not isinstance(node, ir.Node) or node.kind == "buffer" or node in self.host_views:
             return
-        if node.view_of is not None and node.kind == "pointwise" and node.fx is not None and node.fx.op == "call_function":
+        if ir.is_host_view(node):
             self.host_views.add(node)
             self.require(node.view_of)
             return

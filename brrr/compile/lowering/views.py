@@ -6,8 +6,8 @@ import torch
 from brrr.compile import ir
 from brrr.compile.indexing import Ix, Term, contiguous_strides, linear, unflatten
 from brrr.compile.ir import Const, IndexValue, Op
-from brrr.compile.lower import (NotLowered, cast, check_index_input, fake, ge, indirect, lt, masked, meta, op_name, pw, register,
-                                register_prim, value_of, view_node, wrap_negative)
+from brrr.compile.lower import (NotLowered, cast, check_index_input, fake, ge, indirect, lt, masked, meta, op_name,
+                                pw, register, register_prim, value_of, view_node, wrap_negative)
 
 
 # ----------------------------------------------------------------------------------------------- views
@@ -193,32 +193,28 @@ def lower_embedding(L, fx, weight, indices, *rest):
     return pw(L, fx, lambda idx: weight([indirect(indices(idx[:k]))] + list(idx[k:])))
 
 
-@register("index_select")
-def lower_index_select(L, fx, x, dim, index):
+def _read_along(L, fx, x, dim, index, op, index_at):
+    """x with dim `dim` read at index[index_at(idx)]: index_select and gather."""
     dim %= max(len(x.shape), 1)
     if len(x.shape):
-        check_index_input(L, index, x.shape[dim], "index_select")
-
-    def fn(idx):
-        idx = list(idx)
-        if len(x.shape):
-            idx[dim] = indirect(index([idx[dim]] if index.shape else []))
-        return x(idx)
-    return pw(L, fx, fn)
-
-
-@register("gather")
-def lower_gather(L, fx, x, dim, index, sparse_grad=False):
-    dim %= max(len(x.shape), 1)
-    if len(x.shape):
-        check_index_input(L, index, x.shape[dim], "gather")
+        check_index_input(L, index, x.shape[dim], op)
 
     def fn(idx):
         src = list(idx)
         if len(x.shape):
-            src[dim] = indirect(index(idx))
+            src[dim] = indirect(index(index_at(idx, dim)))
         return x(src)
     return pw(L, fx, fn)
+
+
+@register("index_select")
+def lower_index_select(L, fx, x, dim, index):
+    return _read_along(L, fx, x, dim, index, "index_select", lambda idx, d: [idx[d]] if index.shape else [])
+
+
+@register("gather")
+def lower_gather(L, fx, x, dim, index, sparse_grad=False):
+    return _read_along(L, fx, x, dim, index, "gather", lambda idx, d: idx)
 
 
 @register("index")
