@@ -112,21 +112,24 @@ def compile_graph(gm, example_inputs, cuda_graphs=False, sink=None, graph_kind="
 
 
 def brrr_backend(gm, example_inputs, cuda_graphs=False, _sink=None, **options):
-    """The Dynamo backend: AOTAutograd (core-ATen decompositions, min-cut partitioner) around compile_graph."""
+    """The Dynamo backend: AOTAutograd (core-ATen decompositions, min-cut partitioner) around compile_graph;
+    plain graphs then run from brrr's lean runtime instead of AOTAutograd's wrappers (lean_autograd.py)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    def fw(g, inputs):
-        return compile_graph(g, inputs, cuda_graphs=cuda_graphs, sink=_sink, graph_kind="forward")
+    from brrr.compile.lean_autograd import GraphCapture, lean_backward_patch
 
-    def bw(g, inputs):
-        return compile_graph(g, inputs, cuda_graphs=cuda_graphs, sink=_sink, graph_kind="backward")
+    capture = GraphCapture()
 
-    def inference(g, inputs):
-        return compile_graph(g, inputs, cuda_graphs=cuda_graphs, sink=_sink, graph_kind="inference")
+    def compiler(kind):
+        def compile_kind(g, inputs):
+            compiled = compile_graph(g, inputs, cuda_graphs=cuda_graphs, sink=_sink, graph_kind=kind)
+            capture.saw(kind, g, compiled)
+            return compiled
+        return compile_kind
 
-    backend = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference,
-                           decompositions=decomposition_table(),
+    backend = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                           inference_compiler=compiler("inference"), decompositions=decomposition_table(),
                            partition_fn=min_cut_rematerialization_partition)
     # The attention kernel (cuDNN, flash, memory-efficient or math) is chosen while AOTAutograd traces, by
     # torch's own priority: give broadcast masks a layout the fused kernels accept first.
@@ -134,7 +137,17 @@ def brrr_backend(gm, example_inputs, cuda_graphs=False, _sink=None, **options):
         contiguous_attention_masks(gm)
     except Exception as e:   # an optimization only: the graph stays as Dynamo gave it
         recover(e, "attention mask pass failed", "graph left as is")
-    return backend(gm, example_inputs)
+    # BRRR_AOT_RUNTIME=1 keeps AOTAutograd's runtime for every graph (to compare the two)
+    patch = lean_backward_patch() if _sink is None and os.environ.get("BRRR_AOT_RUNTIME") != "1" else None
+    if patch is None:
+        return backend(gm, example_inputs)
+    with patch:
+        compiled = backend(gm, example_inputs)
+    try:
+        return capture.lean_callable(example_inputs) or compiled
+    except Exception as e:
+        recover(e, "the lean runtime could not wrap this graph", "using AOTAutograd's runtime")
+        return compiled
 
 
 def make_backend(**options):

@@ -1,0 +1,176 @@
+"""The lean runtime around compiled graphs (capture -> lower -> schedule -> codegen -> **runtime**).
+
+AOTAutograd returns its compiled forward and backward wrapped in runtime code that handles every case it
+supports: input mutations, outputs that alias inputs or each other, tensor subclasses, functionalized RNG,
+effect tokens, symbolic sizes saved for the backward. Most graphs need none of it, yet every call pays for
+it: on the H100 host, torch 2.11's wrappers cost a one-layer train step ~300 us of Python before the first
+kernel, more than the seed MLP's whole backward on the device.
+
+When AOTAutograd's own metadata says a graph is *plain* (`plain_reason` returns None), brrr calls its
+compiled graphs directly: inference graphs as they are, training graphs from one `autograd.Function` that
+saves what the forward graph returns for the backward graph. Anything else keeps AOTAutograd's runtime,
+which stays correct for every case. The backward graph is compiled with the forward
+(`force_non_lazy_backward_lowering`), so both are in hand when the backend returns.
+"""
+
+import contextlib
+
+import torch
+
+from brrr.compile.runtime import layout
+
+PLAIN_INPUT_TYPES = (torch.Tensor, torch.nn.Parameter, int, float, bool)
+
+
+def lean_backward_patch():
+    """A context in which AOTAutograd compiles the backward with the forward (None where torch lacks it)."""
+    config = torch._functorch.config
+    if not hasattr(config, "force_non_lazy_backward_lowering"):
+        return None
+    return config.patch(force_non_lazy_backward_lowering=True)
+
+
+class GraphCapture:
+    """What the compilers saw while AOTAutograd ran: the graphs, brrr's compiled callables, the metadata."""
+
+    def __init__(self):
+        self.forward = self.backward = self.inference = None   # (fx graph, compiled callable)
+        self.meta = None
+
+    def saw(self, kind, gm, compiled):
+        setattr(self, kind, (gm, compiled))
+        if kind != "backward":
+            context = torch._guards.TracingContext.try_get()
+            self.meta = getattr(context, "fw_metadata", None)
+
+    def lean_callable(self, example_inputs):
+        """brrr's own runtime for the captured graphs, or None when AOTAutograd's must stay."""
+        if plain_reason(self, example_inputs) is not None:
+            return None
+        if self.inference is not None:
+            return _inference_callable(self.inference[1], _unsafe_view_outputs(self.meta))
+        return _training_callable(self)
+
+
+def _outputs(gm):
+    return next(n for n in gm.graph.nodes if n.op == "output").args[0]
+
+
+def _placeholders(gm):
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def plain_reason(capture, example_inputs):
+    """Why these graphs need AOTAutograd's runtime, or None when brrr can call them directly."""
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    meta = capture.meta
+    if meta is None:
+        return "no AOTAutograd metadata"
+    if not all(type(x) in PLAIN_INPUT_TYPES for x in example_inputs):
+        return "an input is a tensor subclass or not a tensor"
+    if any(i.mutates_data or i.mutates_metadata for i in meta.input_info):
+        return "the graph mutates an input"
+    if any(o.output_type not in (OutputType.non_alias, OutputType.unsafe_view_alias) for o in meta.output_info):
+        return "an output aliases an input or another output"
+    if meta.num_intermediate_bases or getattr(meta, "tokens", None) or getattr(meta, "is_rng_op_functionalized",
+                                                                                  False):
+        return "intermediate bases, effect tokens or functionalized RNG"
+    for name in ("num_symints_saved_for_bw", "num_tensors_saved_with_no_vc_check",
+                 "num_opaque_objects_saved_for_bw"):
+        if getattr(meta, name, None):
+            return f"{name} = {getattr(meta, name)}"
+    graph = (capture.inference or capture.forward or (None,))[0]
+    if graph is None or len(_placeholders(graph)) != len(example_inputs):
+        return "the compiled graph's inputs differ from the captured ones (deduplicated or lifted)"
+    if meta.num_forward_returns != len(meta.output_info):
+        return "the graph returns more than the user's outputs"
+    if capture.inference is not None:
+        return None
+    if capture.backward is None:
+        return "no backward graph compiled with the forward"
+    return _training_shape_reason(capture, meta)
+
+
+def _training_shape_reason(capture, meta):
+    fw, bw = capture.forward[0], capture.backward[0]
+    n_saved = len(_outputs(fw)) - meta.num_forward_returns
+    bw_inputs = _placeholders(bw)
+    n_tangents = sum(1 for o in meta.output_info if o.requires_grad)
+    if len(bw_inputs) != n_saved + n_tangents or not all(p.name.startswith("tangents") for p in bw_inputs[n_saved:]):
+        return "the backward's inputs are not the saved tensors and one tangent per differentiable output"
+    if not all(isinstance(p.meta.get("val"), torch.Tensor) for p in bw_inputs):
+        return "the backward reads something other than tensors"
+    if len(_outputs(bw)) != len(_placeholders(fw)):
+        return "the backward does not return one gradient per input"
+    return None
+
+
+def _unsafe_view_outputs(meta):
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    return tuple(i for i, o in enumerate(meta.output_info) if o.output_type is OutputType.unsafe_view_alias)
+
+
+def _regenerate(outs, unsafe_views):
+    """Outputs that are views of the graph's intermediates become plain tensors, as AOTAutograd makes them,
+    so autograd never treats them as views of memory the caller cannot see."""
+    if not unsafe_views:
+        return outs
+    outs = list(outs)
+    for i in unsafe_views:
+        outs[i] = torch.ops.aten._unsafe_view(outs[i], outs[i].shape)
+    return outs
+
+
+def _amp_guard():
+    """The graph already holds autocast's casts: run it with autocast off, as AOTAutograd does."""
+    return torch._C._DisableAutocast() if torch._C._is_any_autocast_enabled() else contextlib.nullcontext()
+
+
+def _inference_callable(compiled, unsafe_views):
+    def run(*args):
+        with _amp_guard():
+            return tuple(_regenerate(compiled(list(args)), unsafe_views))
+
+    run._brrr_lean = "inference"
+    return run
+
+
+def _training_callable(capture):
+    meta = capture.meta
+    fw_call, bw_call = capture.forward[1], capture.backward[1]
+    n_out = meta.num_forward_returns
+    non_diff = tuple(i for i, o in enumerate(meta.output_info) if not o.requires_grad)
+    diff = tuple(i for i, o in enumerate(meta.output_info) if o.requires_grad)
+    n_saved = len(_outputs(capture.forward[0])) - n_out
+    tangent_strides = tuple(tuple(p.meta["val"].stride()) for p in _placeholders(capture.backward[0])[n_saved:])
+    unsafe_views = _unsafe_view_outputs(meta)
+
+    class LeanCompiledFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            with _amp_guard():
+                outs = fw_call(list(args))
+            # a saved view would keep its base's autograd history alive; the backward needs only its values
+            ctx.save_for_backward(*[t.detach() if t._is_view() else t for t in outs[n_out:]])
+            user = _regenerate(outs[:n_out], unsafe_views)
+            if non_diff:
+                ctx.mark_non_differentiable(*[user[i] for i in non_diff if isinstance(user[i], torch.Tensor)])
+            ctx._materialize_non_diff_grads = False
+            return tuple(user)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            if torch.is_grad_enabled():
+                raise RuntimeError("brrr: double backward (create_graph=True) through a compiled graph is not "
+                                   "supported; compile only the first derivative, or run this model eagerly")
+            tangents = [layout(grads[i], s) for i, s in zip(diff, tangent_strides)]
+            with _amp_guard():
+                return tuple(bw_call(list(ctx.saved_tensors) + tangents))
+
+    def run(*args):
+        return LeanCompiledFunction.apply(*args)
+
+    run._brrr_lean = "training"
+    return run

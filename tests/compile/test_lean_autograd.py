@@ -1,0 +1,183 @@
+"""The lean runtime: plain graphs run from brrr's own autograd.Function (or directly, for inference) and give
+eager's values and gradients; graphs that need AOTAutograd's wrappers keep them and stay correct."""
+
+import pytest
+import torch
+
+from brrr.compile.backend import brrr_backend
+from brrr.examples import bert, mlp
+
+
+class Recording:
+    """A backend that remembers which runtime brrr returned for each graph."""
+
+    def __init__(self):
+        self.runtimes = []
+
+    def __call__(self, gm, example_inputs):
+        fn = brrr_backend(gm, example_inputs)
+        self.runtimes.append(getattr(fn, "_brrr_lean", "aot"))
+        return fn
+
+
+def _compile(fn):
+    torch._dynamo.reset()
+    rec = Recording()
+    return torch.compile(fn, backend=rec, dynamic=False), rec
+
+
+def _grads(out_fn, leaves):
+    for t in leaves:
+        t.grad = None
+    out_fn()
+    return [None if t.grad is None else t.grad.clone() for t in leaves]
+
+
+def test_seed_mlp_training_and_inference_run_lean():
+    model, (x,) = mlp(batch=8, dim=32)
+    x.requires_grad_()
+    fn, rec = _compile(model)
+    leaves = [x, *model.parameters()]
+    got = _grads(lambda: fn(x).square().sum().backward(), leaves)
+    ref = _grads(lambda: model(x).square().sum().backward(), leaves)
+    assert rec.runtimes == ["training"]
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        out = fn(x)
+    assert rec.runtimes == ["training", "inference"]
+    torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    assert not out.requires_grad
+
+
+def test_bert_training_runs_lean_and_matches_eager():
+    model, (ids,) = bert()
+    fn, rec = _compile(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    got = _grads(lambda: fn(ids).last_hidden_state.sum().backward(), params)
+    ref = _grads(lambda: model(ids).last_hidden_state.sum().backward(), params)
+    assert "training" in rec.runtimes
+    scale = max(r.abs().max().item() for r in ref if r is not None)
+    for a, b, p in zip(got, ref, params):
+        # the pooler's output gets a zero gradient under torch.compile, none in eager
+        zero = torch.zeros_like(p)
+        torch.testing.assert_close(zero if a is None else a, zero if b is None else b, rtol=1e-4,
+                                   atol=1e-5 * scale)
+
+
+def test_input_mutation_keeps_aot_runtime():
+    bn = torch.nn.BatchNorm1d(6)
+    x = torch.randn(5, 6, requires_grad=True)
+    ref_bn = torch.nn.BatchNorm1d(6)
+    fn, rec = _compile(bn)
+    out = fn(x)
+    ref = ref_bn(x)
+    assert rec.runtimes == ["aot"]   # running stats are updated in place
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(bn.running_mean, ref_bn.running_mean)
+    torch.testing.assert_close(bn.running_var, ref_bn.running_var)
+    out.sum().backward()
+
+
+def test_output_aliasing_an_input_keeps_aot_runtime():
+    def f(x, w):
+        return x.view(-1), (x * w).sin()
+
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, requires_grad=True)
+    fn, rec = _compile(f)
+    a, b = fn(x, w)
+    assert rec.runtimes == ["aot"]
+    (a.sum() + b.sum()).backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    a, b = f(x, w)
+    (a.sum() + b.sum()).backward()
+    torch.testing.assert_close(gx, x.grad)
+    torch.testing.assert_close(gw, w.grad)
+
+
+def test_non_differentiable_and_unused_outputs():
+    def f(x, w):
+        y = (x * w).tanh()
+        return y, y.argmax(dim=1), (x + w).exp()
+
+    x, w = torch.randn(4, 5, requires_grad=True), torch.randn(5, requires_grad=True)
+    fn, rec = _compile(f)
+    y, idx, unused = fn(x, w)
+    assert rec.runtimes == ["training"]
+    assert not idx.requires_grad and unused.requires_grad
+    torch.testing.assert_close(idx, f(x, w)[1])
+    got = _grads(lambda: fn(x, w)[0].sum().backward(), [x, w])   # no gradient flows into the third output
+    ref = _grads(lambda: f(x, w)[0].sum().backward(), [x, w])
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("make_grad", [
+    lambda shape: torch.randn(shape[::-1]).t(),                      # transposed
+    lambda shape: torch.randn(shape[1]).expand(shape),                # broadcast row, stride 0
+    lambda shape: torch.randn(shape[0], 2 * shape[1])[:, ::2],        # every other column
+])
+def test_strided_gradients_reach_the_backward_in_its_layout(make_grad):
+    def f(x, w):
+        return (x * w).sin() * 2, (x.sum(dim=1) * 3).cos()
+
+    x, w = torch.randn(4, 6, requires_grad=True), torch.randn(6, requires_grad=True)
+    g2 = torch.randn(8)[::2]   # 1-D with stride 2
+    g1 = make_grad((4, 6))
+    fn, rec = _compile(f)
+    got = _grads(lambda: torch.autograd.backward(fn(x, w), [g1, g2]), [x, w])
+    ref = _grads(lambda: torch.autograd.backward(f(x, w), [g1, g2]), [x, w])
+    assert rec.runtimes == ["training"]
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b)
+
+
+def test_outputs_that_are_views_of_intermediates_are_plain_tensors():
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 5, 4, requires_grad=True)   # 3-D: the matmul's result is reshaped on the way out
+    fn, rec = _compile(lambda t: lin(t).view(10, 3))
+    out = fn(x)
+    assert rec.runtimes == ["training"]
+    assert not out._is_view()
+    out.mul_(2)   # in place on the output is allowed, as in eager
+    torch.testing.assert_close(out, lin(x).view(10, 3) * 2)
+
+
+def test_retain_graph_accumulates_like_eager():
+    def f(x):
+        return (x * x).sum(dim=0)
+
+    x = torch.randn(3, 4, requires_grad=True)
+    fn, _ = _compile(f)
+    out = fn(x)
+    out.sum().backward(retain_graph=True)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, 4 * x.detach())
+
+
+def test_double_backward_raises_instead_of_a_wrong_gradient():
+    x = torch.randn(3, requires_grad=True)
+    fn, rec = _compile(lambda t: (t * t).sin())
+    out = fn(x)
+    assert rec.runtimes == ["training"]
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(out.sum(), x, create_graph=True)
+
+
+def test_autocast_regions_keep_their_dtypes():
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+
+    def f(t):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = lin(t)
+        return h.float().relu()
+
+    fn, rec = _compile(f)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fn(x)
+        ref = f(x)
+    assert rec.runtimes == ["training"]
+    assert out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
