@@ -24,6 +24,7 @@ import torch
 
 from brrr.compile import ir
 from brrr.compile.graphs import GraphedCall
+from brrr.compile.inplace import in_place_outputs
 from brrr.compile.launch import Launcher
 from brrr.compile.codegen.triton import generate
 
@@ -180,6 +181,7 @@ class CompiledGraph:
 
 def build(plan, gm, cuda_graphs=False):
     kernels = generate_all(plan)
+    in_place = in_place_outputs(plan, kernels)
     names, glb = {}, {"torch": torch, "empty_strided": torch.empty_strided, "empty_cuda": _EMPTY_CUDA,
                       "layout": layout, "check_index": check_index}
     L = plan.lowering
@@ -270,7 +272,10 @@ def build(plan, gm, cuda_graphs=False):
             for o in ks.stores:
                 if o not in allocated:   # an accumulating scatter adds into the buffer its init kernel wrote
                     allocated.add(o)
-                    lines.append(f"    {var(o)} = {_alloc(o, const)}")
+                    if o in in_place:
+                        lines.append(f"    {var(o)} = {var(in_place[o])}  # in place: last read by {ks.name}")
+                    else:
+                        lines.append(f"    {var(o)} = {_alloc(o, const)}")
             numel = step.xnumel() * (step.rnumel() if step.dims else 1)
             if step.xnumel() == 0 or (not step.dims and numel == 0):
                 lines.append(f"    # {ks.name}: zero-size, nothing to launch")
