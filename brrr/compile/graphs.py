@@ -7,10 +7,16 @@ stops being bound by the host. What a replay must get right:
   runs without the graph. Any other input is copied into a private buffer before each replay. A graph never
   writes into an input (AOTAutograd applies input mutations outside the compiled graph).
 - Outputs live in the graph's private memory and the next replay overwrites them, so each replay returns
-  copies: the caller may keep outputs as long as it likes.
+  copies: the caller may keep outputs as long as it likes. The exception is outputs *lent* to the lean
+  training runtime (the tensors a forward graph saves for its backward): they are returned as they are, and
+  before the next replay overwrites them, any loan whose backward may still run gets its own copies
+  (`Loan.settle`). A training loop pays no copies; gradient accumulation (several forwards, then the
+  backwards) pays one per pending forward.
 - Capture runs on the second call (the first one checked the kernels) with thread-local capture mode,
   because a backward graph is captured on autograd's device thread while other threads may run.
 """
+
+import weakref
 
 import torch
 
@@ -32,33 +38,79 @@ def data_ptrs(args):
     return [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
 
 
-class GraphedCall:
-    """`graphed(args)` -> outputs replayed from a CUDA graph, or None when these args cannot use it."""
+class Loan:
+    """Outputs of one replay handed to a backward without copies, with the autograd ctx that reads them.
 
-    def __init__(self, call, first_args):
+    `settle()` runs before the next replay: while the backward may still read the tensors (the ctx lives and
+    autograd still holds its saved marker, i.e. the backward has not run or ran with retain_graph), they are
+    replaced by copies."""
+
+    def __init__(self, tensors, ctx):
+        self.tensors, self.ctx = list(tensors), weakref.ref(ctx)
+        self.copied = False
+
+    def settle(self):
+        ctx = self.ctx()
+        if ctx is None:
+            return
+        try:
+            ctx.saved_tensors   # raises once autograd has freed this node's saved tensors
+        except RuntimeError:
+            return
+        self.tensors = [t.clone() if isinstance(t, torch.Tensor) else t for t in self.tensors]
+        self.copied = True
+
+
+class GraphedCall:
+    """`graphed(args)` -> outputs replayed from a CUDA graph, or None when these args cannot use it.
+
+    Outputs at the positions in `lend` are returned uncopied; the caller tracks them with `track(Loan)`.
+    Inputs at the positions in `pin` are another graph's lent outputs (a backward reading what its forward
+    saved): they are read where they are, and the graph is used only while `pinned_ready` says they are
+    still the lent memory (no replay of the forward has copied them away since)."""
+
+    def __init__(self, call, first_args, lend=(), pin=()):
         self.call, self.first_ptrs = call, data_ptrs(first_args)
         self.graph, self.failed, self.refusals = None, False, 0
+        self.lend, self.loans = frozenset(lend), []
+        self.pin, self.pinned_ready = frozenset(pin), True
+
+    def track(self, loan):
+        self.loans.append(weakref.ref(loan))
+
+    def _settle_loans(self):
+        for ref in self.loans:
+            loan = ref()
+            if loan is not None:
+                loan.settle()
+        self.loans.clear()
 
     @property
     def usable(self):
         return not self.failed and self.refusals < MAX_REFUSALS
 
     def __call__(self, args):
+        if self.pin and not self.pinned_ready:
+            return None
         if self.graph is None and not self._capture(args):
             return None
+        for slot, a, ptr in zip(self.slots, args, self.static_ptrs):
+            if slot == "address" and a.data_ptr() != ptr:
+                self.refusals += 1
+                return None
+        self._settle_loans()   # before anything overwrites the graph's memory
         for slot, s, a, ptr in zip(self.slots, self.static, args, self.static_ptrs):
-            if slot == "address":
-                if a.data_ptr() != ptr:
-                    self.refusals += 1
-                    return None
-            elif slot == "copy" and a.data_ptr() != ptr:
+            if slot == "copy" and a.data_ptr() != ptr:
                 s.copy_(a)
         self.graph.replay()
-        return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.static_out)
+        lend = self.lend
+        return tuple(o.clone() if isinstance(o, torch.Tensor) and i not in lend else o
+                     for i, o in enumerate(self.static_out))
 
     def _capture(self, args):
         try:
-            self.slots = input_slots(self.first_ptrs, args)
+            self.slots = [("address" if i in self.pin else slot) for i, slot in
+                          enumerate(input_slots(self.first_ptrs, args))]
             self.static = [a.clone() if slot == "copy" else a for slot, a in zip(self.slots, args)]
             self.static_ptrs = data_ptrs(self.static)
             torch.cuda.synchronize()

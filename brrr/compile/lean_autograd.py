@@ -17,7 +17,8 @@ import contextlib
 
 import torch
 
-from brrr.compile.runtime import layout
+from brrr.compile.graphs import Loan
+from brrr.compile.runtime import CompiledGraph, layout
 
 PLAIN_INPUT_TYPES = (torch.Tensor, torch.nn.Parameter, int, float, bool)
 
@@ -146,14 +147,27 @@ def _training_callable(capture):
     n_saved = len(_outputs(capture.forward[0])) - n_out
     tangent_strides = tuple(tuple(p.meta["val"].stride()) for p in _placeholders(capture.backward[0])[n_saved:])
     unsafe_views = _unsafe_view_outputs(meta)
+    if isinstance(fw_call, CompiledGraph) and isinstance(bw_call, CompiledGraph):
+        # with CUDA graphs, a forward replay lends the saved tensors uncopied and the backward reads them there
+        fw_call.lend = tuple(range(n_out, n_out + n_saved))
+        bw_call.pin = tuple(range(n_saved))
+    released_marker = torch.empty(0)
 
     class LeanCompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *args):
             with _amp_guard():
                 outs = fw_call(list(args))
-            # a saved view would keep its base's autograd history alive; the backward needs only its values
-            ctx.save_for_backward(*[t.detach() if t._is_view() else t for t in outs[n_out:]])
+            saved = outs[n_out:]
+            if getattr(fw_call, "lent", False):
+                # the graph's own memory: the replay that would overwrite it copies it first, if this
+                # backward may still run then (autograd frees the marker once it no longer can)
+                ctx.loan = Loan(saved, ctx)
+                fw_call.track(ctx.loan)
+                ctx.save_for_backward(released_marker)
+            else:
+                # a saved view would keep its base's autograd history alive; the backward needs only values
+                ctx.save_for_backward(*[t.detach() if t._is_view() else t for t in saved])
             user = _regenerate(outs[:n_out], unsafe_views)
             if non_diff:
                 ctx.mark_non_differentiable(*[user[i] for i in non_diff if isinstance(user[i], torch.Tensor)])
@@ -166,8 +180,12 @@ def _training_callable(capture):
                 raise RuntimeError("brrr: double backward (create_graph=True) through a compiled graph is not "
                                    "supported; compile only the first derivative, or run this model eagerly")
             tangents = [layout(grads[i], s) for i, s in zip(diff, tangent_strides)]
+            loan = getattr(ctx, "loan", None)
+            saved = loan.tensors if loan is not None else list(ctx.saved_tensors)
+            if isinstance(bw_call, CompiledGraph):
+                bw_call.pinned_ready = loan is not None and not loan.copied
             with _amp_guard():
-                return tuple(bw_call(list(ctx.saved_tensors) + tangents))
+                return tuple(bw_call(saved + tangents))
 
     def run(*args):
         return LeanCompiledFunction.apply(*args)

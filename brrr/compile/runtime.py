@@ -148,6 +148,9 @@ class CompiledGraph:
         self.cuda_graphs = cuda_graphs
         self.device = device  # CUDA index: allocations and launches go to the current device, made this one
         self.graphed = None   # a GraphedCall once verified, with cuda_graphs
+        self.lend = ()        # output positions a replay may return uncopied (see graphs.Loan)
+        self.lent = False     # whether the last call's outputs at those positions are the graph's own memory
+        self.pin, self.pinned_ready = (), True   # inputs lent by another graph, and whether they still are
 
     def __call__(self, *args):
         args = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
@@ -156,12 +159,20 @@ class CompiledGraph:
                 return self._run(args)
         return self._run(args)
 
+    def track(self, loan):
+        """Keep `loan` (the lent outputs of the last call) safe from the next replay."""
+        if self.lent:
+            self.graphed.track(loan)
+
     def _run(self, args):
+        self.lent = False
         if self.verified:
             graphed = self.graphed
             if graphed is not None:
+                graphed.pinned_ready = self.pinned_ready
                 out = graphed(args)
                 if out is not None:
+                    self.lent = bool(graphed.lend)
                     return out
                 if not graphed.usable:
                     self.graphed = None
@@ -175,7 +186,7 @@ class CompiledGraph:
             return self.call(args)
         self.verified = True
         if self.cuda_graphs:
-            self.graphed = GraphedCall(self.call, args)
+            self.graphed = GraphedCall(self.call, args, self.lend, self.pin)
         return out
 
 

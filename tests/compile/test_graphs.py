@@ -1,0 +1,108 @@
+"""CUDA-graph replay logic (graphs.py) on the CPU, with a stand-in graph whose replay reruns the captured call
+into the same output tensors: what is copied, what is lent, and when a loan gets its own copies."""
+
+import contextlib
+
+import pytest
+import torch
+
+from brrr.compile import graphs
+from brrr.compile.graphs import GraphedCall, Loan
+
+
+class FakeGraph:
+    """Replays by rerunning the call captured with it and writing into the captured outputs."""
+
+    def replay(self):
+        for static, new in zip(self.outputs, self.call(self.args)):
+            static.copy_(new)
+
+
+@pytest.fixture
+def fake_cuda_graphs(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, **kw: contextlib.nullcontext())
+    capture = GraphedCall._capture
+
+    def capture_and_remember(self, args):
+        ok = capture(self, args)
+        if ok:
+            self.graph.call, self.graph.args, self.graph.outputs = self.call, self.static, self.static_out
+        return ok
+    monkeypatch.setattr(GraphedCall, "_capture", capture_and_remember)
+
+
+def double_and_sum(args):
+    x, w = args
+    y = x * w
+    return y * 2, y.sum(0)
+
+
+def test_unmoved_inputs_read_in_place_others_copied_outputs_copied(fake_cuda_graphs):
+    w = torch.randn(4)
+    x1, x2 = torch.randn(3, 4), torch.randn(3, 4)
+    g = GraphedCall(double_and_sum, [x1, w])
+    out = g([x2, w])
+    assert g.slots == ["copy", "address"]
+    torch.testing.assert_close(out[0], x2 * w * 2)
+    again = g([x1, w])
+    torch.testing.assert_close(out[0], x2 * w * 2)   # the first result was a copy: not overwritten
+    torch.testing.assert_close(again[0], x1 * w * 2)
+    assert g([x1, torch.randn(4)]) is None           # a moved "address" input: no replay
+    assert g.refusals == 1
+
+
+class Ctx:
+    """Stands in for an autograd ctx: `saved_tensors` raises once the backward has freed them."""
+
+    def __init__(self):
+        self.freed = False
+
+    @property
+    def saved_tensors(self):
+        if self.freed:
+            raise RuntimeError("Trying to backward through the graph a second time")
+        return ()
+
+
+def test_lent_outputs_are_the_graphs_memory_and_pending_loans_get_copies(fake_cuda_graphs):
+    w = torch.randn(4)
+    x0, x1, x2, x3 = (torch.randn(3, 4) for _ in range(4))
+    g = GraphedCall(double_and_sum, [x0, w], lend=(1,))
+    out = g([x1, w])
+    assert out[1] is g.static_out[1] and out[0] is not g.static_out[0]
+    pending, done = Ctx(), Ctx()
+    loan = Loan([out[1]], pending)
+    g.track(loan)
+    g([x2, w])                                        # overwrites the graph's memory...
+    assert loan.copied                                 # ...after copying what the pending backward needs
+    torch.testing.assert_close(loan.tensors[0], (x1 * w).sum(0))
+    second = Loan([g.static_out[1]], done)
+    g.track(second)
+    done.freed = True                                  # its backward ran: nothing to keep
+    g([x3, w])
+    assert not second.copied
+    torch.testing.assert_close(g.static_out[1], (x3 * w).sum(0))
+
+
+def test_loan_of_a_dead_ctx_is_not_copied():
+    class Dead:
+        pass
+    ctx = Dead()
+    loan = Loan([torch.ones(2)], ctx)
+    del ctx
+    loan.settle()
+    assert not loan.copied
+
+
+def test_pinned_inputs_are_read_in_place_only_while_lent(fake_cuda_graphs):
+    saved, grad = torch.randn(3, 4), torch.randn(3, 4)
+    g = GraphedCall(lambda a: (a[0] * a[1],), [torch.randn(3, 4), grad], pin=(0,))
+    g.pinned_ready = False
+    assert g([saved, grad]) is None and g.graph is None   # not lent memory: no capture
+    g.pinned_ready = True
+    out = g([saved, grad])
+    assert g.slots == ["address", "address"]
+    torch.testing.assert_close(out[0], saved * grad)
+    assert graphs.MAX_REFUSALS > 1
