@@ -32,10 +32,14 @@ def check(name, ok, detail):
 
 
 if "A" in parts:
-    for label, (model, (x,)) in (("mlp", mlp(device="cuda", batch=64, dim=128)),
-                                 ("bert", bert(device="cuda"))):
+    cases = [(f"{name}{' graphs' if graphs else ''}", build, graphs) for name, build in
+             (("mlp", lambda: mlp(device="cuda", batch=64, dim=128)), ("bert", lambda: bert(device="cuda")))
+             for graphs in (False, True)]
+    for label, build, graphs in cases:
+        model, (x,) = build()
         torch.manual_seed(0)
-        fn = brrr.compile(model, cuda_graphs=True)
+        torch._dynamo.reset()
+        fn = brrr.compile(model, cuda_graphs=graphs)
 
         def loss_of(out):
             out = out if isinstance(out, torch.Tensor) else out.last_hidden_state
@@ -54,7 +58,9 @@ if "A" in parts:
             got = grads_of(model)
             model.zero_grad(set_to_none=True)
             loss_of(model(xi)).backward()
-            worst = max(worst, max_rel(got, grads_of(model)))
+            err = max_rel(got, grads_of(model))
+            print(f"A   {label} step {i}: {err:.2e}", flush=True)
+            worst = max(worst, err)
         check(f"{label} loop of 6 steps", worst < 1e-4, f"worst relative grad error {worst:.2e}")
         worst = 0.0
         for i in range(4):   # gradient accumulation: two forwards, then both backwards

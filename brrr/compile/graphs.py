@@ -57,8 +57,14 @@ class Loan:
             ctx.saved_tensors   # raises once autograd has freed this node's saved tensors
         except RuntimeError:
             return
-        self.tensors = [t.clone() if isinstance(t, torch.Tensor) else t for t in self.tensors]
+        self.tensors = [_copy_keeping_layout(t) if isinstance(t, torch.Tensor) else t for t in self.tensors]
         self.copied = True
+
+
+def _copy_keeping_layout(t):
+    """A copy with t's exact strides and offset (an expanded tensor stays expanded): its storage, cloned."""
+    copy = torch.empty(0, dtype=t.dtype, device=t.device)
+    return copy.set_(t.untyped_storage().clone(), t.storage_offset(), t.size(), t.stride())
 
 
 class GraphedCall:
