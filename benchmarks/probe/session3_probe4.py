@@ -32,64 +32,58 @@ def check(name, ok, detail):
 
 
 if "A" in parts:
+    # judged as METHOD.md says: brrr's gradient error against a float64 copy, next to eager's own error
+    import copy
     cases = [(f"{name}{' graphs' if graphs else ''}", build, graphs) for name, build in
              (("mlp", lambda: mlp(device="cuda", batch=64, dim=128)), ("bert", lambda: bert(device="cuda")))
              for graphs in (False, True)]
+
+    def loss_of(out):
+        out = out if isinstance(out, torch.Tensor) else out.last_hidden_state
+        return (out.double() ** 2).mean()
+
     for label, build, graphs in cases:
         model, (x,) = build()
+        model.eval()   # no dropout: the same function in every run (gradients still flow)
+        m64 = copy.deepcopy(model).double()
         torch.manual_seed(0)
         torch._dynamo.reset()
         fn = brrr.compile(model, cuda_graphs=graphs)
-
-        def loss_of(out):
-            out = out if isinstance(out, torch.Tensor) else out.last_hidden_state
-            return (out.float() ** 2).mean()
 
         def new_input(i):
             if x.is_floating_point():
                 return torch.randn_like(x) * (1 + i)
             return torch.randint(0, 100, x.shape, device=x.device)
-        worst = 0.0
-        for i in range(6):   # a plain loop: the previous loss stays alive while the next forward runs
-            xi = new_input(i)
-            model.zero_grad(set_to_none=True)
-            loss = loss_of(fn(xi))
-            loss.backward()
-            got = grads_of(model)
-            model.zero_grad(set_to_none=True)
-            loss_of(model(xi)).backward()
-            err = max_rel(got, grads_of(model))
-            print(f"A   {label} step {i}: {err:.2e}", flush=True)
-            worst = max(worst, err)
-        check(f"{label} loop of 6 steps", worst < 1e-4, f"worst relative grad error {worst:.2e}")
-        worst = 0.0
-        for i in range(4):   # gradient accumulation: two forwards, then both backwards
-            a, b = new_input(i), new_input(i + 10)
-            model.zero_grad(set_to_none=True)
-            la, lb = loss_of(fn(a)), loss_of(fn(b))
-            la.backward()
-            lb.backward()
-            got = grads_of(model)
-            model.zero_grad(set_to_none=True)
-            loss_of(model(a)).backward()
-            loss_of(model(b)).backward()
-            worst = max(worst, max_rel(got, grads_of(model)))
-        check(f"{label} accumulation", worst < 1e-4, f"worst relative grad error {worst:.2e}")
-        worst = 0.0
-        for i in range(3):   # retain_graph: the same backward twice, with a forward in between
-            a, b = new_input(i), new_input(i + 20)
-            model.zero_grad(set_to_none=True)
-            la = loss_of(fn(a))
-            la.backward(retain_graph=True)
-            loss_of(fn(b))
-            la.backward()
-            got = grads_of(model)
-            model.zero_grad(set_to_none=True)
-            lr = loss_of(model(a))
-            lr.backward(retain_graph=True)
-            lr.backward()
-            worst = max(worst, max_rel(got, grads_of(model)))
-        check(f"{label} retain_graph", worst < 1e-4, f"worst relative grad error {worst:.2e}")
+
+        def cast64(t):
+            return t.double() if t.is_floating_point() else t
+
+        def run(kind, inputs, retain=False):
+            """grads of (sum of losses) for brrr, eager and fp64, with the pattern `kind`."""
+            out = {}
+            for name, f, m in (("brrr", fn, model), ("eager", model, model), ("fp64", m64, m64)):
+                m.zero_grad(set_to_none=True)
+                xs = [cast64(t) for t in inputs] if name == "fp64" else inputs
+                if kind == "loop":
+                    loss_of(f(xs[0])).backward()
+                elif kind == "accumulate":
+                    la, lb = loss_of(f(xs[0])), loss_of(f(xs[1]))
+                    la.backward()
+                    lb.backward()
+                else:   # retain: the same backward twice, a forward of another input in between
+                    la = loss_of(f(xs[0]))
+                    la.backward(retain_graph=True)
+                    loss_of(f(xs[1]))
+                    la.backward()
+                out[name] = grads_of(m)
+            return max_rel(out["brrr"], out["fp64"]), max_rel(out["eager"], out["fp64"])
+
+        for kind, steps in (("loop", 6), ("accumulate", 4), ("retain", 3)):
+            worst = 0.0
+            for i in range(steps):
+                got, eager = run(kind, [new_input(i), new_input(i + 10)])
+                worst = max(worst, got / max(eager, 1e-7))
+            check(f"{label} {kind}", worst < 3, f"worst brrr/eager error ratio against fp64 {worst:.2f}")
         torch._dynamo.reset()
 
 ms = lambda v: "-" if v is None else f"{v*1e3:.3f}"  # noqa: E731
