@@ -90,10 +90,19 @@ class Codegen:
         rdep[0] |= any(isinstance(b, str) and "rindex" in b for b in ix.bases())
         return s, rdep[0]
 
-    def mask_for(self, rdep):
-        if not self.k.dims:
-            return "xmask"
-        return "xmask & rmask" if rdep else "xmask"
+    # Set per kernel once its block sizes are known: a mask that is true in every lane is left out, as when
+    # rows of 1024 fill RBLOCK exactly (the loads and stores then need no predicate and no `other`).
+    x_full = r_full = False
+
+    def mask_for(self, rdep, xdep=True):
+        """The mask of an access: xmask unless it does not depend on the row (`xdep`) or every row is in
+        range, rmask when it depends on rindex and the last block is partial. None when no lane is masked."""
+        parts = []
+        if xdep and not self.x_full:
+            parts.append("xmask")
+        if self.k.dims and rdep and not self.r_full:
+            parts.append("rmask")
+        return " & ".join(parts) or None
 
     def value(self, scope, v):
         """(name or literal, depends-on-rindex) of Value v, emitting lines into scope."""
@@ -109,15 +118,19 @@ class Codegen:
             return self.value(scope, ir.Load(r, linear(v.idx, r.stride), r.dtype, v.mask))
         if isinstance(v, ir.Load):
             idx, rdep = self.index(scope, v.index)
-            mask = self.mask_for(rdep)
+            # an index of rindex and constants alone (weights of a norm) is the same for every row: one [1, RBLOCK]
+            # load, broadcast, instead of one per row
+            xdep = not self.k.dims or "xindex" in idx or "tmp" in idx
+            mask = self.mask_for(rdep, xdep)
             if v.mask is not None:
                 m, mr = self.value(scope, v.mask)
                 rdep |= mr
-                mask = f"{self.mask_for(rdep)} & ({m})"
+                base = self.mask_for(rdep)
+                mask = f"{base} & ({m})" if base else f"({m})"
             p = self.ptr(v.buf, self.inputs, "in_ptr")
             if "xindex" not in idx and "rindex" not in idx and not any(not isinstance(b, str) for b in v.index.bases()):
                 idx = f"{idx} + xindex * 0"   # a scalar: broadcast it to the block so the mask applies
-            expr = f"tl.load({p} + ({idx}), {mask}, other=0)"
+            expr = f"tl.load({p} + ({idx}), {mask}, other=0)" if mask else f"tl.load({p} + ({idx}))"
             cdt = compute_dtype(v.dtype)
             if cdt != v.dtype:
                 expr += f".to({TL[cdt]})"
@@ -235,7 +248,7 @@ class Codegen:
         if target is not None:   # index_put(accumulate=True): add into the target buffer at a computed index
             p = self.ptr(target, self.outputs, "out_ptr")
             off, _ = self.index(scope, linear(node.meta["atomic_index"](idx), target.stride, 0))
-            scope.lines.append(f"{scope.indent}tl.atomic_add({p} + ({off}), {name}, {self.mask_for(False)})")
+            scope.lines.append(f"{scope.indent}tl.atomic_add({p} + ({off}), {name}{_mask_arg(self.mask_for(False))})")
             return
         p = self.ptr(node, self.outputs, "out_ptr")
         off, ordep = self.index(scope, linear(idx, node.stride, 0))
@@ -246,7 +259,7 @@ class Codegen:
             val = f"tl.cast({name}, {TL[node.dtype]})" if node.dtype != torch.bool else f"({name}) != 0"
             if name in ("True", "False"):
                 val = name
-        scope.lines.append(f"{scope.indent}tl.store({p} + ({off}), {val}, {self.mask_for(ordep)})")
+        scope.lines.append(f"{scope.indent}tl.store({p} + ({off}), {val}{_mask_arg(self.mask_for(ordep))})")
 
     def reduce_expr(self, r, acc, final):
         """the tl reduction of an [XBLOCK, RBLOCK] tile; `final` keeps a [XBLOCK, 1] result."""
@@ -289,7 +302,8 @@ class Codegen:
         acc = compute_dtype(r.meta.get("acc_dtype", r.dtype))
         if acc == torch.bool:
             name = self.tmp(scope, f"tl.cast({name}, tl.int32)", True)
-        return self.tmp(scope, f"tl.where(xmask & rmask, {name}, {self.identity(r)})", True)
+        mask = self.mask_for(True)
+        return self.tmp(scope, f"tl.where({mask}, {name}, {self.identity(r)})", True) if mask else name
 
     def finish_reduction(self, scope, r, reduced):
         acc = compute_dtype(r.meta.get("acc_dtype", r.dtype))
@@ -316,6 +330,7 @@ class Codegen:
         n = k.xnumel()
         xblock = min(1024 if n < (1 << 22) else 2048, next_pow2(n))
         warps = 4 if xblock <= 1024 else 8
+        self.x_full = n % xblock == 0
         s = Scope()
         idx = k.full_index()
         for r in roots:
@@ -341,6 +356,7 @@ class Codegen:
             xblock = 64 if inner_kept else 1
         tile = xblock * rblock
         warps = 2 if tile <= 256 else 4 if tile <= 2048 else 8 if tile <= 8192 else 16
+        self.x_full, self.r_full = X % xblock == 0, R % rblock == 0 and R > 0
         i64 = ".to(tl.int64)" if self.int64 else ""
         head = [f"    xnumel = {X}", f"    rnumel = {R}",
                 f"    xoffset = tl.program_id(0){i64} * XBLOCK",
@@ -424,6 +440,10 @@ class Codegen:
                     lvl = max(lvl, out[v.node] + 1)
             out[r] = lvl
         return out
+
+
+def _mask_arg(mask):
+    return f", {mask}" if mask else ""
 
 
 def literal(x, dtype):
