@@ -19,7 +19,7 @@ from brrr.callable_package import make_callable
 from brrr.cost.device import time_once
 from brrr.analyze.capture import OpRecord, record_step, trace_names
 from brrr.analyze.step import Step, resolve_device
-from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, op_times, profiled, wall_time
+from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, op_times, profiled
 
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
@@ -82,9 +82,10 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         ceilings = get_ceilings(device, progress=progress)  # before our bar: rich allows one live display
     with _stage_bar(progress) as stage:
         stage("capture")
-        # warm-up: first-call costs out of the way, a model that raises fails here; also one wall-time
-        # sample (the faster of the WALL_RUNS samples is kept, so a slow first call does not count)
-        first_wall = time_once(step, device)
+        # warm-up: first-call costs out of the way, a model that raises fails here. The plain steps that give
+        # the wall time (the faster of WALL_RUNS) run first and back to back: a step right after the traced
+        # one runs 1.4-1.9x slower (caches cold after the tracer's work), which would count as overhead
+        walls = [time_once(step, device) for _ in range(WALL_RUNS)]
         with profiled(device) as prof:
             trace = record_step(step)
         records = trace.records()  # priced and linked once the profiler has stopped
@@ -104,7 +105,7 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
             record.time_s = seconds
 
         stage("wall time")
-        wall = wall_time(step, device, warmup=0, min_runs=WALL_RUNS, max_runs=WALL_RUNS, samples=[first_wall])
+        wall = min(walls)
         if None in busys:
             busy = device_busy_time(step, device)
         else:
