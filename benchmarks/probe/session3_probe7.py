@@ -11,7 +11,8 @@ import brrr
 from brrr.examples import build_example
 
 model, (ids,) = build_example("bert-base", device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
-brrr.cost.device.get_ceilings("cuda", progress=False)
+from brrr.cost.device import get_ceilings  # noqa: E402
+get_ceilings("cuda", progress=False)
 
 
 def eager_ms(n=20):
