@@ -1,5 +1,7 @@
 """Timing helpers: interval union, per-op profiler ranges, busy and wall time of a CPU step."""
 
+import os
+
 import torch
 
 from brrr.analyze.capture import capture
@@ -88,3 +90,18 @@ def test_unlinkable_kernels_fall_back():
     events = [FakeKinetoEvent("brrr#0", DeviceType.CPU, 10, 20),
               FakeKinetoEvent("gemm", DeviceType.CUDA, 200, 1200, correlation=5)]
     assert cuda_op_times(fake_profile(events), count=1) is None
+
+
+def test_cupti_is_torn_down_after_profiling_unless_the_user_chose(monkeypatch):
+    from brrr.analyze import timing
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    timing.tear_down_cupti_after()
+    assert "TEARDOWN_CUPTI" not in os.environ          # CUDA graphs could crash CUPTI re-init before 12.6
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    timing.tear_down_cupti_after()
+    assert os.environ["TEARDOWN_CUPTI"] == "1"
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")
+    timing.tear_down_cupti_after()
+    assert os.environ["TEARDOWN_CUPTI"] == "0"
