@@ -180,8 +180,11 @@ def _training_callable(capture):
                 raise RuntimeError("brrr: double backward (create_graph=True) through a compiled graph is not "
                                    "supported; compile only the first derivative, or run this model eagerly")
             tangents = [layout(grads[i], s) for i, s in zip(diff, tangent_strides)]
+            # unpacked either way: a second backward after autograd freed this node raises here, as in eager
+            saved = list(ctx.saved_tensors)
             loan = getattr(ctx, "loan", None)
-            saved = loan.tensors if loan is not None else list(ctx.saved_tensors)
+            if loan is not None:
+                saved = loan.tensors
             if isinstance(bw_call, CompiledGraph):
                 bw_call.pinned_ready = loan is not None and not loan.copied
             with _amp_guard():
