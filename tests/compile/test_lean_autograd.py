@@ -181,3 +181,44 @@ def test_autocast_regions_keep_their_dtypes():
     assert rec.runtimes == ["training"]
     assert out.dtype == ref.dtype
     torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_outputs_that_are_not_tensors_and_buffers_that_need_no_grad():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(6, 6)
+            self.register_buffer("scale", torch.full((6,), 0.5))
+
+        def forward(self, x):
+            y = self.lin(x) * self.scale
+            return y, y.shape[0], None
+
+    model = Scaled()
+    x = torch.randn(3, 6)
+    fn, rec = _compile(model)
+    out, rows, nothing = fn(x)
+    assert rows == 3 and nothing is None
+    got = _grads(lambda: fn(x)[0].sum().backward(), list(model.parameters()))
+    ref = _grads(lambda: model(x)[0].sum().backward(), list(model.parameters()))
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b)
+    assert model.scale.grad is None
+
+
+def test_non_leaf_inputs_get_their_gradient_through_the_graph():
+    w = torch.randn(5, requires_grad=True)
+    fn, rec = _compile(lambda t: (t * t).sum(-1))
+    x = w.expand(4, 5) * 2            # not a leaf: the gradient flows on to w
+    fn(x).sum().backward()
+    torch.testing.assert_close(w.grad, (8 * w * 4).detach())
+
+
+def test_the_same_model_without_grad_after_training():
+    model, (x,) = mlp(batch=4, dim=16)
+    fn, rec = _compile(model)
+    fn(x).sum().backward()
+    with torch.no_grad():
+        out = fn(x)
+    assert rec.runtimes == ["training", "inference"] and not out.requires_grad
+    torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
