@@ -24,7 +24,7 @@ import torch
 
 from brrr.compile import ir
 from brrr.compile.graphs import GraphedCall
-from brrr.compile.inplace import in_place_outputs
+from brrr.compile.inplace import reused_memory
 from brrr.compile.launch import Launcher
 from brrr.compile.codegen.triton import generate
 
@@ -192,7 +192,7 @@ class CompiledGraph:
 
 def build(plan, gm, cuda_graphs=False):
     kernels = generate_all(plan)
-    in_place = in_place_outputs(plan, kernels)
+    reused = reused_memory(plan, kernels)
     names, glb = {}, {"torch": torch, "empty_strided": torch.empty_strided, "empty_cuda": _EMPTY_CUDA,
                       "layout": layout, "check_index": check_index}
     L = plan.lowering
@@ -283,8 +283,10 @@ def build(plan, gm, cuda_graphs=False):
             for o in ks.stores:
                 if o not in allocated:   # an accumulating scatter adds into the buffer its init kernel wrote
                     allocated.add(o)
-                    if o in in_place:
-                        lines.append(f"    {var(o)} = {var(in_place[o])}  # in place: last read by {ks.name}")
+                    if o in reused:   # the memory of a tensor this kernel or an earlier step read for the last time
+                        source, in_place = reused[o]
+                        why = f"in place: last read by {ks.name}" if in_place else "its memory: no longer read"
+                        lines.append(f"    {var(o)} = {var(source)}  # {why}")
                     else:
                         lines.append(f"    {var(o)} = {_alloc(o, const)}")
             numel = step.xnumel() * (step.rnumel() if step.dims else 1)

@@ -81,3 +81,28 @@ def test_transposed_reader_does_not_overwrite(monkeypatch):
     torch._dynamo.reset()
     out, _ = _generated_calls(compiled(f), a, b, monkeypatch=monkeypatch)
     torch.testing.assert_close(out, f(a, b), rtol=1e-4, atol=1e-5)
+
+
+def test_dead_tensors_lend_their_memory_to_later_outputs(monkeypatch):
+    def f(a, b):
+        y = (a @ b).sin()          # stored: the next matmul reads it, then it is dead
+        z = (y @ b).cos() + 1      # may be written in place over the matmul's result
+        w = (z @ b).exp()          # may take y's memory
+        return (w @ b).sum(1)
+
+    a, b = torch.randn(32, 32), torch.randn(32, 32) / 8
+    torch._dynamo.reset()
+    out, sources = _generated_calls(compiled(f), a, b, monkeypatch=monkeypatch)
+    torch.testing.assert_close(out, f(a, b), rtol=1e-4, atol=1e-4)
+    assert sum(src.count("# its memory: no longer read") + src.count("# in place") for src in sources) >= 2
+
+
+def test_memory_read_by_an_aliasing_aten_call_is_never_handed_on():
+    from brrr.compile.inplace import _may_alias
+
+    class FX:
+        def __init__(self, target):
+            self.target = target
+    assert _may_alias(FX(torch.ops.aten.diagonal.default))        # returns a view of its input
+    assert _may_alias(FX(lambda x: x))                              # unknown: assume it may
+    assert not _may_alias(FX(torch.ops.aten.mm.default))
