@@ -65,8 +65,8 @@ def _static_launcher_class():
 
 
 def static_kernel(kernel, n_args, device):
-    """(C launch function, static kernel, extra trailing args) to launch `kernel` with torch's static launcher,
-    or None when it cannot (then Triton's own launcher is used)."""
+    """(C launch function, static kernel, argument type codes, extra trailing args) to launch `kernel` with
+    torch's static launcher, or None when it cannot (then Triton's own launcher is used)."""
     try:
         metadata = kernel.metadata
         if getattr(metadata, "launch_pdl", False) or getattr(metadata, "launch_cooperative_grid", False):

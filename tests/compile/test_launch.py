@@ -103,3 +103,34 @@ def test_graph_input_slots_read_unmoved_tensors_in_place_and_copy_the_rest():
     first = data_ptrs([param, x1, 3])
     assert input_slots(first, [param, x2, 3]) == ["address", "copy", None]
     assert input_slots(first, [x2, x2, 3]) == ["copy", "copy", None]
+
+
+def test_kernels_taken_by_torchs_static_launcher_launch_through_it(gpu_like, monkeypatch):
+    calls = []
+
+    class StaticKernel:
+        function, num_warps, shared = "cu-function", 4, 0
+
+    def fake_static(kernel, n_args, device):
+        return (lambda *a: calls.append(a)), StaticKernel(), "OO", (None,)
+    monkeypatch.setattr(launch, "static_kernel", fake_static)
+
+    class TensorsOnly(FakeJIT):
+        arg_names = ["in_ptr", "out_ptr", "XBLOCK"]
+    jit = TensorsOnly()
+    k = launch.Launcher(jit, (4, 2), {"XBLOCK": 128, "num_warps": 4})
+    a, b = aligned(8), aligned(8)
+    k(a, b)
+    k(a, b)
+    assert [c[0] for c in jit.calls] == ["jit"]        # the second launch went through the static launcher
+    function, gx, gy, gz, warps, shared, tys, args, stream = calls[0]
+    assert (function, gx, gy, gz, warps, shared, tys, stream) == ("cu-function", 4, 2, 1, 4, 0, "OO", 7)
+    assert args[0] is a and args[1] is b and args[2:] == (None,)   # a scratch slot the kernel expects
+    k(a[1:], b)                                        # misaligned: back through the JIT, as before
+    assert [c[0] for c in jit.calls] == ["jit", "jit"]
+
+
+def test_static_launcher_declines_what_it_cannot_launch():
+    class NotAKernel:
+        pass
+    assert launch.static_kernel(NotAKernel(), 2, 0) is None
