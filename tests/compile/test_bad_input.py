@@ -72,3 +72,29 @@ def test_out_of_range_index_inputs_raise_like_eager(name):
         neg = good.clone()
         neg.view(-1)[0] = -10
         torch.testing.assert_close(c(w, neg), fn(w, neg))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "logsumexp", "cross_entropy"])
+def test_long_rows_one_pass_max_and_sum_with_nan_and_inf(name, dtype):
+    """Rows too long for one block take the running max and sum of exp in one pass (online softmax): NaN,
+    -inf and +inf rows still give eager's answer."""
+    f = {"softmax": lambda x: torch.softmax(x, -1), "log_softmax": lambda x: torch.log_softmax(x, -1),
+         "logsumexp": lambda x: torch.logsumexp(x, -1),
+         "cross_entropy": lambda x: torch.nn.functional.cross_entropy(x.float(), torch.arange(x.shape[0]))}[name]
+    x = torch.randn(5, 20000, dtype=dtype) * 5
+    x[1, 7] = float("nan")
+    x[2, :] = float("-inf")
+    x[2, 5] = 3.0
+    x[3, 11] = float("inf")
+    x[4, :] = float("-inf")
+    out, ref = compiled(f)(x), f(x)
+    if name == "cross_entropy":   # a NaN or inf row makes the mean NaN in both: compare the finite rows
+        xs = x[[0]]
+        out, ref = compiled(f)(xs), f(xs)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-2)
+    torch.testing.assert_close(out.float(), ref.float(), equal_nan=True, **tol)
+    if name in ("softmax", "log_softmax"):   # max and sum of exp in one pass, then the output pass
+        from brrr.compile.explain import explain
+        source = explain(f, x).kernels[0].source
+        assert source.count("for roffset in range") == 2 and "_sum = " in source

@@ -304,7 +304,10 @@ class Codegen:
         if acc == torch.bool:
             name = self.tmp(scope, f"tl.cast({name}, tl.int32)", True)
         mask = self.mask_for(True)
-        return self.tmp(scope, f"tl.where({mask}, {name}, {self.identity(r)})", True) if mask else name
+        if mask:
+            return self.tmp(scope, f"tl.where({mask}, {name}, {self.identity(r)})", True)
+        # no lane is masked, but a value that does not vary over the tile (a scalar) still needs the tile's shape
+        return self.tmp(scope, f"tl.broadcast_to({name}, [XBLOCK, RBLOCK])", True)
 
     def finish_reduction(self, scope, r, reduced):
         acc = compute_dtype(r.meta.get("acc_dtype", r.dtype))
@@ -388,8 +391,11 @@ class Codegen:
             return head + s.lines, dict(XBLOCK=xblock, RBLOCK=rblock, num_warps=warps,
                                         grid=(math.ceil(X / xblock),))
         levels = self.levels(reds)
+        online = self.online_softmax_pairs(s, reds, levels)   # max reduction -> the sum of exp it feeds
         for lvl in sorted(set(levels.values())):
-            group = [r for r in reds if levels[r] == lvl]
+            group = [r for r in reds if levels[r] == lvl and r not in online.values()]
+            if not group:
+                continue
             accs = []
             for r in group:
                 self.counter += 1
@@ -398,16 +404,28 @@ class Codegen:
                 cdt = torch.int32 if cdt == torch.bool else cdt
                 s.lines.append(f"    {acc} = tl.full([XBLOCK, RBLOCK], {self.identity(r)}, {TL[cdt]})")
                 accs.append(acc)
+                if r in online:
+                    s.lines.append(f"    {acc}_sum = tl.full([XBLOCK, RBLOCK], 0, tl.float32)")
             loop = self.loop(s)
             for r, acc in zip(group, accs):
                 t = self.reduction_input(loop, r)
                 nan = ", propagate_nan=tl.PropagateNan.ALL" if r in self.nan_aware else ""
                 comb = {"sum": f"{acc} + {t}", "prod": f"{acc} * {t}",
                         "max": f"tl.maximum({acc}, {t}{nan})", "min": f"tl.minimum({acc}, {t}{nan})"}[r.rtype]
+                if r in online:   # running sum of exp(x - running max), rescaled whenever the max grows
+                    loop.lines += [f"        {acc}_new = {comb}",
+                                   f"        {acc}_sum = {acc}_sum * tl.where({acc}_new == float('-inf'), 1.0, "
+                                   f"tl.exp({acc} - {acc}_new)) + tl.where({acc}_new == float('-inf'), 0.0, "
+                                   f"tl.exp({t} - {acc}_new))"]
+                    comb = f"{acc}_new"
                 loop.lines.append(f"        {acc} = {comb}")
             s.lines.extend(loop.lines)
             for r, acc in zip(group, accs):
                 self.finish_reduction(s, r, self.reduce_expr(r, acc, True))
+                if r in online:
+                    row_max = self.red_result[r]
+                    self.finish_reduction(s, online[r], f"tl.sum(tl.where({row_max} == float('-inf'), 0.0, "
+                                                        f"{acc}_sum * tl.exp({acc} - {row_max})), 1)[:, None]")
         self.store_rows_and_reductions(s, reds, rows)
         if fulls:
             loop = self.loop(s)
@@ -415,6 +433,33 @@ class Codegen:
                 self.store(loop, r, full_idx, self.value(loop, r(full_idx)))
             s.lines.extend(loop.lines)
         return head + s.lines, dict(XBLOCK=xblock, RBLOCK=rblock, num_warps=warps, grid=(math.ceil(X / xblock),))
+
+    def online_softmax_pairs(self, s, reds, levels):
+        """{max reduction M: sum reduction S} where S sums exp(x - M) over the same x (softmax, log_softmax,
+        logsumexp). A looped kernel then keeps a running max and a running sum of exp in one pass (rescaling
+        the sum when the max grows) instead of one pass for the max and another for the sum: rows too long
+        for registers are read twice instead of three times."""
+        full = self.k.full_index()
+        pairs, scratch = {}, Scope(s)
+        for r in reds:
+            if r.rtype != "sum" or levels[r] != 1 or compute_dtype(r.meta.get("acc_dtype", r.dtype)) != torch.float32:
+                continue
+            e = _strip_casts(r.body(full))
+            if not (isinstance(e, ir.Op) and e.name == "exp"):
+                continue
+            d = _strip_casts(e.args[0])
+            if not (isinstance(d, ir.Op) and d.name == "sub"):
+                continue
+            ref = _strip_casts(d.args[1])
+            m = ref.node if isinstance(ref, ir.ReduceRef) else None
+            if m is None or m not in reds or m in pairs or m.rtype != "max" or levels[m] != 0 \
+                    or compute_dtype(m.meta.get("acc_dtype", m.dtype)) != torch.float32 \
+                    or linear(ref.idx, ir.contiguous(m.shape)) != Ix.var("xindex", self.k.xnumel()):
+                continue
+            # the same x: both render to the same temporary (a scope caches identical expressions)
+            if self.value(scratch, d.args[0])[0] == self.value(scratch, m.body(full))[0]:
+                pairs[m] = r
+        return pairs
 
     def loop(self, s):
         loop = Scope(s, "        ")
@@ -443,6 +488,12 @@ class Codegen:
                     lvl = max(lvl, out[v.node] + 1)
             out[r] = lvl
         return out
+
+
+def _strip_casts(v):
+    while isinstance(v, ir.Op) and v.name == "cast" and v.dtype.is_floating_point:
+        v = v.args[0]
+    return v
 
 
 def _mask_arg(mask):
