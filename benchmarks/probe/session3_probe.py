@@ -2,10 +2,7 @@
 AOTAutograd's runtime (BRRR_AOT_RUNTIME=1) vs brrr-cudagraphs, same process. B: host time of a tiny Linear train
 step per backend. C: cProfile of brrr's MLP train step. D: MLP inference kernels, brrr vs Inductor, and
 Inductor's code. E: where brrr.analyze's traced step spends host time on BERT-base bf16 8x512 inference."""
-import cProfile
-import io
 import os
-import pstats
 import statistics
 import sys
 import time
@@ -15,20 +12,13 @@ import torch
 from brrr.bench import bench
 from brrr.compile.backend import brrr_backend
 from brrr.examples import build_example, mlp
+from probe_common import brrr_with_env, profile_report
 
 OUT = os.environ.get("OUT", "/tmp")
 parts = sys.argv[1] if len(sys.argv) > 1 else "ABCDE"
 
 
-def aot_runtime_backend(gm, example_inputs):
-    os.environ["BRRR_AOT_RUNTIME"] = "1"
-    try:
-        return brrr_backend(gm, example_inputs)
-    finally:
-        os.environ.pop("BRRR_AOT_RUNTIME", None)
-
-
-aot_runtime_backend.__name__ = "brrr-aot-runtime"
+aot_runtime_backend = brrr_with_env("brrr-aot-runtime", BRRR_AOT_RUNTIME="1")
 
 
 def host_per_step(step, n=200, reps=5):
@@ -88,15 +78,7 @@ if "C" in parts:
             torch.autograd.backward([fn(x)], [cot])
         print(f"C {name} MLP train: {host_per_step(step, n=100)*1e6:.0f} us per step (back to back)", flush=True)
         if name == "brrr":
-            pr = cProfile.Profile()
-            pr.enable()
-            for _ in range(100):
-                step()
-            pr.disable()
-            torch.cuda.synchronize()
-            s = io.StringIO()
-            pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
-            print(s.getvalue())
+            print(profile_report(step, 100, rows=25))
 
 if "D" in parts:
     from torch.profiler import ProfilerActivity, profile
@@ -159,15 +141,7 @@ if "E" in parts:
     host_traced = time.perf_counter() - t0
     torch.cuda.synchronize()
     print(f"E host only (no sync): eager {host_eager*1e3:.2f} ms, traced {host_traced*1e3:.2f} ms", flush=True)
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(3):
-        record_step(step, mark_ranges=True)
-    pr.disable()
-    torch.cuda.synchronize()
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
-    print(s.getvalue())
+    print(profile_report(lambda: record_step(step, mark_ranges=True), 3, rows=30))
     for i in range(3):
         torch.cuda.synchronize()
         t0 = time.perf_counter()

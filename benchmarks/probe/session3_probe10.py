@@ -8,8 +8,8 @@ import torch
 
 from brrr.bench import bench
 from brrr.compile import launch
-from brrr.compile.backend import brrr_backend
 from brrr.examples import build_example, mlp
+from probe_common import brrr_with_env
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from suite_sections import HiddenStates  # noqa: E402
@@ -26,15 +26,7 @@ def counting_init(self, *a, **kw):
 launch.Launcher.__init__ = counting_init
 
 
-def triton_launch_backend(gm, example_inputs):
-    os.environ["BRRR_STATIC_LAUNCH"] = "0"
-    try:
-        return brrr_backend(gm, example_inputs)
-    finally:
-        os.environ.pop("BRRR_STATIC_LAUNCH", None)
-
-
-triton_launch_backend.__name__ = "brrr-triton-launch"
+triton_launch_backend = brrr_with_env("brrr-triton-launch", BRRR_STATIC_LAUNCH="0")
 ms = lambda v: "-" if v is None else f"{v*1e3:.3f}"  # noqa: E731
 for label, build in (("mlp", lambda: mlp(device="cuda", dtype=torch.bfloat16, batch=16384)),
                      ("bert-base", lambda: build_example("bert-base", device="cuda", dtype=torch.bfloat16,

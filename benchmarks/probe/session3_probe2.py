@@ -12,24 +12,13 @@ from torch.profiler import ProfilerActivity, profile
 from brrr.bench import bench
 from brrr.compile.backend import brrr_backend
 from brrr.examples import mlp
+from probe_common import brrr_with_env
 
 parts = sys.argv[1] if len(sys.argv) > 1 else "ABC"
 
 
-def aot_runtime_backend(gm, example_inputs):
-    os.environ["BRRR_AOT_RUNTIME"] = "1"
-    try:
-        return brrr_backend(gm, example_inputs)
-    finally:
-        os.environ.pop("BRRR_AOT_RUNTIME", None)
-
-
-def brrr_again(gm, example_inputs):
-    return brrr_backend(gm, example_inputs)
-
-
-aot_runtime_backend.__name__ = "brrr-aot-runtime"
-brrr_again.__name__ = "brrr-after-inductor"
+aot_runtime_backend = brrr_with_env("brrr-aot-runtime", BRRR_AOT_RUNTIME="1")
+brrr_again = brrr_with_env("brrr-after-inductor")
 ms = lambda v: "-" if v is None else f"{v*1e3:.3f}"  # noqa: E731
 
 

@@ -2,10 +2,6 @@
 A: host time per call of the ATen matmuls and a direct Triton launch, with the device kept busy.
 B: cProfile of brrr's train step by cumulative time, and who calls the costly ATen builtins.
 C: bench of the train step: eager, brrr, brrr-cudagraphs (same process, no Inductor)."""
-import cProfile
-import io
-import os
-import pstats
 import sys
 import time
 
@@ -14,6 +10,7 @@ import torch
 from brrr.bench import bench
 from brrr.compile.backend import brrr_backend
 from brrr.examples import mlp
+from probe_common import profile_report
 
 parts = sys.argv[1] if len(sys.argv) > 1 else "ABC"
 aten = torch.ops.aten
@@ -64,17 +61,7 @@ if "B" in parts:
         step()
     torch.cuda.synchronize()
     print(f"B brrr train: {host_us(step, n=100):.0f} us host per step (device kept busy)", flush=True)
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(100):
-        step()
-    pr.disable()
-    torch.cuda.synchronize()
-    s = io.StringIO()
-    st = pstats.Stats(pr, stream=s)
-    st.sort_stats("cumulative").print_stats(35)
-    st.print_callers("aten")
-    print(s.getvalue())
+    print(profile_report(step, 100, sorts=("cumulative",), rows=35, callers="aten"))
     torch._dynamo.reset()
 
     def eager_step():

@@ -1,9 +1,6 @@
 """Session-3 probe 8: where brrr's BERT-base bf16 8x512 train step spends host time (lean runtime, no CUDA
 graphs): back-to-back step times for eager and brrr, then cProfile of 10 brrr steps (tottime and cumulative)."""
-import cProfile
-import io
 import os
-import pstats
 import sys
 import time
 
@@ -14,6 +11,7 @@ from suite_sections import HiddenStates  # noqa: E402
 
 from brrr.compile.backend import brrr_backend  # noqa: E402
 from brrr.examples import build_example  # noqa: E402
+from probe_common import profile_report  # noqa: E402
 
 model, (ids,) = build_example("bert-base", device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
 model = HiddenStates(model, use_cache_kwarg=False)
@@ -63,13 +61,4 @@ print(f"eager: back to back {b2b_ms(eager):.2f} ms, host {host_ms(eager):.2f} ms
 torch._dynamo.reset()
 brrr = make_step(torch.compile(model, backend=brrr_backend))
 print(f"brrr: back to back {b2b_ms(brrr):.2f} ms, host {host_ms(brrr):.2f} ms per step", flush=True)
-pr = cProfile.Profile()
-pr.enable()
-for _ in range(10):
-    brrr()
-pr.disable()
-torch.cuda.synchronize()
-for key in ("tottime", "cumulative"):
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats(key).print_stats(28)
-    print(s.getvalue())
+print(profile_report(brrr, 10, sorts=("tottime", "cumulative"), rows=28))

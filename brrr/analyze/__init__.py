@@ -16,10 +16,9 @@ import torch
 
 from brrr.analyze.analysis import Analysis
 from brrr.callable_package import make_callable
-from brrr.cost.device import time_once
 from brrr.analyze.capture import OpRecord, record_step, trace_names
 from brrr.analyze.step import Step, resolve_device
-from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, op_times, profiled
+from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, op_times, profiled, wall_time
 
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
@@ -85,7 +84,7 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         # warm-up: first-call costs out of the way, a model that raises fails here. The plain steps that give
         # the wall time (the faster of WALL_RUNS) run first and back to back: a step right after the traced
         # one runs 1.4-1.9x slower (caches cold after the tracer's work), which would count as overhead
-        walls = [time_once(step, device) for _ in range(WALL_RUNS)]
+        wall = wall_time(step, device, warmup=0, min_runs=WALL_RUNS, max_runs=WALL_RUNS)
         with profiled(device) as prof:
             trace = record_step(step)
         records = trace.records()  # priced and linked once the profiler has stopped
@@ -105,7 +104,6 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
             record.time_s = seconds
 
         stage("wall time")
-        wall = min(walls)
         if None in busys:
             busy = device_busy_time(step, device)
         else:

@@ -1,12 +1,13 @@
-"""In-place outputs for the generated call (lower -> schedule -> codegen -> **runtime**).
+"""Memory reuse for the generated call (lower -> schedule -> codegen -> **runtime**): a kernel output takes the
+memory of a tensor the graph no longer needs instead of a fresh allocation.
 
-A kernel that reads a tensor for the last time and writes an output of the same shape, strides and dtype,
-element for element, can write that output over its input instead of into fresh memory. On the H100 this
-is worth more than the allocation: the seed MLP's layer norm reads the matmul's output while it still sits
-in L2, and overwriting those same lines saved ~5 us of its 24 (Inductor does the same with its
-`in_out_ptr` arguments).
+In place: a kernel that reads a tensor for the last time and writes an output of the same shape, strides and
+dtype, element for element, can write that output over its input. On the H100 this is worth more than the
+allocation: the seed MLP's layer norm reads the matmul's output while it still sits in L2, and overwriting
+those same lines saved ~3-5 us of its 22-24 (Inductor does the same with its `in_out_ptr` arguments).
+Dead: a tensor that nothing reads any more lends its memory to a later output of the same layout.
 
-When it is safe, per (kernel K, input B, output O):
+When in place is safe, per (kernel K, input B, output O):
 - B's memory belongs to the graph: a kernel's output, or the result of an Extern that returns fresh memory
   (matmul, convolution), never a graph input, a constant, or a tensor the graph returns;
 - nothing reads B (or a view of it) after K, and no other argument of K is a view of B;
@@ -17,6 +18,7 @@ When it is safe, per (kernel K, input B, output O):
 
 import ast
 import heapq
+import itertools
 
 import torch
 
@@ -99,15 +101,16 @@ def _produced(kind, step, kernels):
 
 
 def reused_memory(plan, kernels):
-    """{kernel output: (tensor whose memory it takes, whether in place)}. Two cases, both for tensors the graph owns (a kernel's
-    output, a fresh matmul/convolution result) of the same shape, strides and dtype:
-    - in place: the kernel reads that tensor for the last time, element for element (see the docstring);
+    """{kernel output: (tensor whose memory it takes, whether in place)}. Two cases, both for tensors the graph
+    owns (a kernel's output, a fresh matmul/convolution result) of the same shape, strides and dtype:
+    - in place: the kernel reads that tensor for the last time, element for element (module docstring);
     - dead: nothing reads that tensor any more (its last use was an earlier step), so its memory is free.
     Reusing dead memory saves an allocation per kernel output (BERT-base's backward made ~450 per call)
     and keeps the working set small; the most recently freed tensor goes first, as it is likeliest in L2."""
     last, aliased = last_uses(plan, kernels)
     reuse, taken, allocated = {}, set(), set()
     pending, free = [], {}   # (last use, order, node) not yet free; layout -> nodes whose memory is free
+    order = itertools.count()   # ties on the last use never compare nodes
     for t, (kind, step) in enumerate(plan.steps):
         while pending and pending[0][0] < t:
             _, _, node = heapq.heappop(pending)
@@ -134,7 +137,7 @@ def reused_memory(plan, kernels):
         for node in _produced(kind, step, kernels):
             end = last.get(node)
             if _owned(node) and node not in aliased and end is not None and end != float("inf"):
-                heapq.heappush(pending, (end, len(pending) + t * 4096, node))
+                heapq.heappush(pending, (end, next(order), node))
     return reuse
 
 

@@ -147,7 +147,8 @@ def _training_callable(capture):
     n_saved = len(_outputs(capture.forward[0])) - n_out
     tangent_strides = tuple(tuple(p.meta["val"].stride()) for p in _placeholders(capture.backward[0])[n_saved:])
     unsafe_views = _unsafe_view_outputs(meta)
-    if isinstance(fw_call, CompiledGraph) and isinstance(bw_call, CompiledGraph):
+    lending = isinstance(fw_call, CompiledGraph) and isinstance(bw_call, CompiledGraph)
+    if lending:
         # with CUDA graphs, a forward replay lends the saved tensors uncopied and the backward reads them there
         fw_call.lend = tuple(range(n_out, n_out + n_saved))
         bw_call.pin = tuple(range(n_saved))
@@ -185,7 +186,7 @@ def _training_callable(capture):
             loan = getattr(ctx, "loan", None)
             if loan is not None:
                 saved = loan.tensors
-            if isinstance(bw_call, CompiledGraph):
+            if lending:
                 bw_call.pinned_ready = loan is not None and not loan.copied
             with _amp_guard():
                 return tuple(bw_call(saved + tangents))

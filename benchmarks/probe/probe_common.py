@@ -1,0 +1,44 @@
+"""Pieces the session-3 probes share: brrr compiled with an environment switch set while it compiles (to
+compare two code paths in one process), and a cProfile report of a step run n times."""
+import cProfile
+import io
+import os
+import pstats
+
+import torch
+
+from brrr.compile.backend import brrr_backend
+
+
+def brrr_with_env(name, **env):
+    """brrr's backend, registered in bench tables as `name`, compiling with `env` set (e.g. BRRR_AOT_RUNTIME="1")."""
+    def backend(gm, example_inputs):
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return brrr_backend(gm, example_inputs)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    backend.__name__ = name
+    return backend
+
+
+def profile_report(step, n, sorts=("tottime",), rows=25, callers=None):
+    """cProfile of `step` called n times (device synchronized after), as text, one table per sort key."""
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        step()
+    pr.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    stats = pstats.Stats(pr, stream=s)
+    for key in sorts:
+        stats.sort_stats(key).print_stats(rows)
+    if callers:
+        stats.print_callers(callers)
+    return s.getvalue()
