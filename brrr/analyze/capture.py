@@ -88,7 +88,10 @@ def _storage_key(t):
 
 
 class _Call:
-    """Collects one op call's tensors while its arguments are frozen (see `freeze`)."""
+    """Collects one op call's tensors while its arguments are frozen (see `freeze`).
+
+    The tracer's hot path (~1 call per op and argument): tensors, ints and int lists are handled inline, and
+    each distinct tensor's metadata is read once (`_add`)."""
 
     __slots__ = ("groups", "metas", "keys", "found")
 
@@ -101,37 +104,44 @@ class _Call:
     def freeze(self, value):
         """`value` with tensors replaced by (_TENSOR, group) and lists by tuples: hashable, holds no tensor."""
         if isinstance(value, torch.Tensor):
-            return self.tensor(value)
+            group = self.groups.get(id(value))
+            if group is None:
+                group = self._add(value)
+            self.found.append(group)
+            return _MARKS[group] if group < _MARKED else (_TENSOR, group)
         if isinstance(value, (list, tuple)):
             return self.sequence(value)
         return value
 
     def sequence(self, values):
-        # the hot path: most arguments are tensors, ints and int lists, so those are tested inline
         frozen = []
+        groups, found = self.groups, self.found
         for v in values:
             if isinstance(v, torch.Tensor):
-                v = self.tensor(v)
+                group = groups.get(id(v))
+                if group is None:
+                    group = self._add(v)
+                found.append(group)
+                v = _MARKS[group] if group < _MARKED else (_TENSOR, group)
             elif isinstance(v, (list, tuple)):
-                v = self.sequence(v)
+                # a list that starts with an int is an int[] argument (sizes, dims): no tensor inside
+                v = tuple(v) if v and type(v[0]) is int else self.sequence(v)
             frozen.append(v)
         return tuple(frozen)
 
-    def tensor(self, t):
-        groups = self.groups
-        group = groups.get(id(t))
-        if group is None:
-            group = groups[id(t)] = len(self.keys)
-            self.metas.append((t.shape, t.stride(), t.dtype))
-            self.keys.append(_storage_key(t))
-        self.found.append(group)
-        try:
-            return _MARKS[group]
-        except IndexError:
-            return (_TENSOR, group)
+    def _add(self, t):
+        group = self.groups[id(t)] = len(self.keys)
+        self.metas.append((t.shape, t.stride(), t.dtype))
+        try:  # _storage_key, inline
+            ptr = t.data_ptr() - t.storage_offset() * t.itemsize
+            self.keys.append((t.get_device(), ptr) if ptr else None)
+        except Exception:
+            self.keys.append(None)
+        return group
 
 
-_MARKS = tuple((_TENSOR, group) for group in range(64))  # shared markers: no tuple per tensor
+_MARKED = 64
+_MARKS = tuple((_TENSOR, group) for group in range(_MARKED))  # shared markers: no tuple per tensor
 
 
 class _RawOp(NamedTuple):
@@ -338,12 +348,19 @@ class OpTracer(TorchDispatchMode):
             _skip_in_dynamo(type(self).__torch_dispatch__.__code__)
         if self.record_costs:
             self.modules.__enter__()
+        if self.mark_ranges:
+            # record_function stays off for the whole step and is switched on only to open each op's range:
+            # a profiler then records the brrr#i ranges and the launches, and none of the composite ops,
+            # autograd engine calls and re-dispatched ATen calls around them (seen: 2.2x fewer events)
+            _record_functions(False)
         return super().__enter__()
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
+            if self.mark_ranges:
+                _record_functions(True)
             if self.record_costs:
                 self.modules.__exit__(*exc)
                 self.backward_modules.pending.clear()
@@ -357,14 +374,12 @@ class OpTracer(TorchDispatchMode):
         self.funcs.append(func)
         run = func._op if type(func) is OpOverload else func  # the C++ entry OpOverload.__call__ forwards to
         if self.mark_ranges:
+            _record_functions(True)
             with _op_range(RANGE_PREFIX + str(index)):
-                # the range is all timing needs: the profiler skips recording the ATen op (and what it calls)
-                # inside it, which halves its events and its per-op cost; launches are still seen (CUPTI)
+                # the range is all timing needs: the ATen op (and what it calls) runs unrecorded inside it;
+                # its launches are still seen (CUPTI)
                 _record_functions(False)
-                try:
-                    out = run(*args, **kwargs) if kwargs else run(*args)
-                finally:
-                    _record_functions(True)
+                out = run(*args, **kwargs) if kwargs else run(*args)
         else:
             out = run(*args, **kwargs) if kwargs else run(*args)
         if self.record_costs:

@@ -12,7 +12,7 @@ Three measurements of the same step:
 
 The profiler's raw Kineto events are read directly: on CUDA a kernel belongs to op i when the runtime call
 that launched it (same correlation id) started inside range `brrr#i`; on CPU an op's time is the length of
-its range. Building torch's FunctionEvent tree (`prof.events()`) instead cost ~0.4 s per profiled BERT-base
+its range. Building torch's FunctionEvent tree (`prof.function_events`) instead cost ~0.4 s per profiled BERT-base
 step on the H100, 40x the step itself.
 """
 
@@ -21,12 +21,11 @@ import os
 import statistics
 from collections import defaultdict
 import time
-import warnings
 from contextlib import contextmanager
 
 import torch
 from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
+from torch.autograd.profiler import profile
 
 from brrr.analyze.capture import RANGE_PREFIX
 from brrr.cost.device import synchronize, time_once
@@ -36,25 +35,27 @@ STEP_RANGE = "brrr-step"
 
 @contextmanager
 def profiled(device, warm_up=True):
-    """A torch.profiler session over CPU (and CUDA when the step runs there); yields the profiler.
+    """A Kineto profiler session over CPU (and CUDA when the step runs there); yields the profiler, whose
+    `kineto_results` hold the raw events once the session has ended.
+
+    This is torch.autograd.profiler.profile, the session torch.profiler.profile drives, without that wrapper:
+    its start imports torch._inductor (~1.8 s in a fresh process, to read a CUDA-graphs setting) and gathers
+    trace metadata brrr never writes out.
 
     The first op in a fresh session runs slow (seen: the first matmul at twice its time on an H100), so by
     default one tiny op runs first, outside any op range, to take that cost.
     """
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
+    cuda = device.type == "cuda"
+    if cuda:
         tear_down_cupti_after()
     synchronize(device)
-    with warnings.catch_warnings():
-        # torch 2.11 warns that a profiler keeps only its last cycle's events; one cycle is all we use
-        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
-        with profile(activities=activities, experimental_config=_lean_config()) as prof:
-            if warm_up:
-                torch.zeros(1, device=device).add_(1)
-                synchronize(device)
-            yield prof
+    with profile(use_cpu=True, use_device="cuda" if cuda else None, use_kineto=True,
+                 experimental_config=_lean_config()) as prof:
+        if warm_up:
+            torch.zeros(1, device=device).add_(1)
             synchronize(device)
+        yield prof
+        synchronize(device)
 
 
 def tear_down_cupti_after():
@@ -89,7 +90,7 @@ def _is_launch_call(name):
 
 
 def _kineto_events(prof):
-    return prof.profiler.kineto_results.events()
+    return prof.kineto_results.events()
 
 
 def _range_index(name):
@@ -139,7 +140,7 @@ def op_times(prof, count, device):
     if device.type != "cuda":
         return cpu_op_times(prof, count)
     times = [0.0] * count
-    for event in prof.events():
+    for event in prof.function_events:
         if event.device_type != DeviceType.CPU or not event.name.startswith(RANGE_PREFIX):
             continue
         index = int(event.name[len(RANGE_PREFIX):])
@@ -213,7 +214,7 @@ def device_busy_time(step, device):
         with torch.profiler.record_function(STEP_RANGE):
             step()
     if device.type == "cuda":
-        return _cuda_busy_seconds(prof.events())
+        return _cuda_busy_seconds(prof.function_events)
     # CPU: the summed host time of the step's top-level ATen ops, from the raw events
     events = [e for e in _kineto_events(prof) if e.device_type() == DeviceType.CPU]
     mark = next(e for e in events if e.name() == STEP_RANGE)

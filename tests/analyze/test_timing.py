@@ -55,7 +55,7 @@ def fake_profile(events):
     from types import SimpleNamespace
 
     results = SimpleNamespace(events=lambda: events)
-    return SimpleNamespace(profiler=SimpleNamespace(kineto_results=results))
+    return SimpleNamespace(kineto_results=results)
 
 
 def test_cuda_kernels_are_attributed_to_the_range_that_launched_them():
