@@ -1,0 +1,46 @@
+"""Session-4 probe 3: the cost of one analysis of BERT-base bf16 8x512 inference against an eager step, each
+analysis next to a fresh eager measurement, stage by stage (as benchmarks/analyze_overhead.py)."""
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import brrr  # noqa: E402,F401
+from analyze_overhead import StageClock, analyze_module  # noqa: E402
+from brrr.analyze.step import Step  # noqa: E402
+from brrr.examples import build_example  # noqa: E402
+from brrr.cost.device import get_ceilings  # noqa: E402
+
+model, (ids,) = build_example("bert-base", device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
+ceil = get_ceilings("cuda", progress=False)
+step = Step(model, (ids,))
+
+
+def eager_ms(n=20):
+    ts = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+for _ in range(3):
+    step()
+for i in range(int(os.environ.get("ANALYSES", "5"))):
+    eager = eager_ms()
+    clock = StageClock()
+    with clock.installed():
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        a = analyze_module.analyze(model, ids, ceilings=ceil)
+        tot = (time.perf_counter() - t0) * 1e3
+    print(f"analysis {i}: {tot:.1f} ms, eager {eager:.2f} ms -> {tot / eager:.1f}x (wall {a.wall_time_s * 1e3:.2f});",
+          {k: round(v * 1e3, 1) for k, v in clock.seconds.items()}, flush=True)
+print(f"eager after: {eager_ms():.2f} ms", flush=True)
+print("done", flush=True)
