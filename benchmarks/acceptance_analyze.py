@@ -7,6 +7,8 @@
    kernel times, each kernel attributed to the ATen op that launched it.
 3. The cost of analyzing one step against one eager step (ceilings already cached).
 4. `brrr experiment repeat` in fp32 with Inductor: where the knee falls.
+5. `brrr analyze --example mlp --device cuda` as a user runs it: a process that must exit (a lazy CUPTI
+   teardown left pending once hung the process at exit).
 Writes analyze-acceptance.json (+ the BERT report as JSON/PNG/HTML and the repeat plot) under --out.
 """
 
@@ -14,6 +16,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -32,6 +36,19 @@ def eager_step_time(model, inputs, reps=20):
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def cli_exit_check(out, timeout_s=180):
+    """Run the CLI in its own process; it must write its JSON and exit, within timeout_s."""
+    path = os.path.join(out, "cli-mlp.json")
+    command = [sys.executable, "-m", "brrr.cli", "analyze", "--example", "mlp", "--device", "cuda", "--json", path]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        code = done.returncode
+    except subprocess.TimeoutExpired:
+        code = "timeout"
+    return {"exit_code": code, "seconds": time.perf_counter() - start, "json_written": os.path.exists(path)}
 
 
 def main():
@@ -90,6 +107,9 @@ def main():
         rep = repeat.run(backend="inductor", device=torch.device("cuda"), dtype=torch.float32,
                          png=os.path.join(args.out, "repeat-fp32-inductor.png"), progress=False)
         results["repeat_fp32_inductor"] = rep
+
+    results["cli_exit"] = cli_exit_check(args.out)
+    console.print(f"brrr analyze --example mlp (a separate process): {results['cli_exit']}")
 
     with open(os.path.join(args.out, "analyze-acceptance.json"), "w") as f:
         json.dump(results, f, indent=2, default=str)

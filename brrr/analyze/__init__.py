@@ -16,7 +16,7 @@ import torch
 
 from brrr.analyze.analysis import Analysis
 from brrr.callable_package import make_callable
-from brrr.analyze.capture import OpRecord, record_step, trace_names
+from brrr.analyze.capture import OpRecord, gc_paused, record_step, trace_names
 from brrr.analyze.step import Step, resolve_device
 from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, op_times, profiled, wall_time
 
@@ -110,8 +110,9 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
             busy = statistics.median(busys)
 
         stage("classify")
-        return Analysis.from_measurements(records, ceilings, wall, busy, train=train,
-                                          tf32_enabled=_tf32_enabled(device))
+        with gc_paused():  # thousands of small objects per analysis: no collection in the middle of them
+            return Analysis.from_measurements(records, ceilings, wall, busy, train=train,
+                                              tf32_enabled=_tf32_enabled(device))
 
 
 make_callable(__name__, analyze)

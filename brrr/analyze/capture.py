@@ -7,10 +7,10 @@ split so the step itself slows down as little as possible:
   replaced by a group number (one per distinct tensor of the call), per group its shape, stride, dtype and
   storage key (device, storage address), the module it ran in and the phase;
 - after the step (`Trace.records`), each op is priced by brrr.cost.ops on meta tensors rebuilt from that
-  metadata, memoized per signature (a 12-layer model repeats the same calls: BERT-base inference needs 29
-  prices for its 482 ops), and the storage keys are replayed to link every input to the op that produced
-  it: the latest non-view writer of a storage wins, views are transparent, and a fresh allocation forgets
-  the previous writer. The fusion advice walks those producer -> consumer links.
+  metadata, memoized per signature for the whole process (a 12-layer model repeats the same calls: BERT-base
+  inference needs 29 prices for its 482 ops), and the storage keys are replayed to link every input to the
+  op that produced it: the latest non-view writer of a storage wins, views are transparent, and a fresh
+  allocation forgets the previous writer. The fusion advice walks those producer -> consumer links.
 
 Modules: in forward, a stack kept by global module hooks; in backward, the module of the forward op whose
 autograd node is running (matched by the node's sequence number), else "<backward>".
@@ -409,6 +409,16 @@ class OpTracer(TorchDispatchMode):
         return module, "forward"
 
 
+_PRICES = {}        # signature -> OpCost, kept across analyses in the process (a model analyzed twice, eager
+_MAX_PRICES = 50000  # then compiled, or per batch size, reprices nothing it has seen)
+
+
+def _known_prices():
+    if len(_PRICES) > _MAX_PRICES:
+        _PRICES.clear()
+    return _PRICES
+
+
 class Trace:
     """A traced step's raw ops; `records()` prices and links them into OpRecords."""
 
@@ -417,8 +427,8 @@ class Trace:
         self._writer = {}  # storage key -> index of the op that last wrote it (after records())
 
     def records(self):
-        prices, records, self._writer = {}, [], {}
-        with _gc_paused():  # as in the step: ~2 OpRecord lists per op would set off collections (a full one: ~0.2 s)
+        prices, records, self._writer = _known_prices(), [], {}
+        with gc_paused():  # as in the step: ~2 OpRecord lists per op would set off collections (a full one: ~0.2 s)
             for index, op in enumerate(self.raw):
                 records.append(self._record(index, op, self._cost(op, prices)))
                 self._link(records, op)
@@ -477,9 +487,10 @@ class Trace:
 
 
 @contextmanager
-def _gc_paused():
-    """The tracer's small per-op tuples would set off a young-generation collection every ~50 ops (seen:
-    ~2 us per op on BERT-base); nothing it allocates is cyclic, and the step's own garbage waits one step."""
+def gc_paused():
+    """Garbage collection paused: the tracer's small per-op tuples would set off a young-generation collection
+    every ~50 ops (seen: ~2 us per op on BERT-base); nothing it allocates is cyclic, and the step's own garbage
+    waits one step."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -493,7 +504,7 @@ def record_step(step, mark_ranges=True):
     """Run `step` once under the tracer; returns its Trace (priced and linked by `.records()`, after the step,
     so that a profiler around this call sees the step alone)."""
     tracer = OpTracer(step.model, record_costs=True, mark_ranges=mark_ranges)
-    with tracer, _gc_paused():
+    with tracer, gc_paused():
         output = step()
     results = list(tensors_in(output)) + [leaf.grad for leaf in step.grad_leaves if leaf.grad is not None]
     return Trace(tracer.raw, [_storage_key(t) for t in results])

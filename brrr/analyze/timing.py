@@ -46,20 +46,28 @@ def profiled(device, warm_up=True):
     default one tiny op runs first, outside any op range, to take that cost.
     """
     cuda = device.type == "cuda"
-    if cuda:
-        tear_down_cupti_after()
+    tear_down = cuda and tear_down_cupti_after()
     synchronize(device)
-    with profile(use_cpu=True, use_device="cuda" if cuda else None, use_kineto=True,
-                 experimental_config=_lean_config()) as prof:
-        if warm_up:
+    try:
+        with profile(use_cpu=True, use_device="cuda" if cuda else None, use_kineto=True,
+                     experimental_config=_lean_config()) as prof:
+            if warm_up:
+                torch.zeros(1, device=device).add_(1)
+                synchronize(device)
+            yield prof
+            synchronize(device)
+    finally:
+        if tear_down:
+            # Kineto's teardown is lazy: it detaches CUPTI inside the callback of the next kernel launch. A
+            # process that exits before launching another kernel hung at exit on the H100 host (`brrr analyze`
+            # never returned), so the launch that completes the teardown happens here.
             torch.zeros(1, device=device).add_(1)
             synchronize(device)
-        yield prof
-        synchronize(device)
 
 
 def tear_down_cupti_after():
-    """Ask Kineto to release CUPTI when the session stops (TEARDOWN_CUPTI=1), unless the user chose already.
+    """Ask Kineto to release CUPTI when the session stops (TEARDOWN_CUPTI=1), unless the user chose already;
+    True when the session will tear down.
 
     Left attached, CUPTI keeps instrumenting every launch: on the H100 host a BERT-base step ran 27-45% slower
     for the rest of the process after one analysis (session 3, probe 7), which would slow the user's own
@@ -73,6 +81,7 @@ def tear_down_cupti_after():
         recent = False
     if recent:
         os.environ.setdefault("TEARDOWN_CUPTI", "1")
+    return os.environ.get("TEARDOWN_CUPTI") == "1"
 
 
 def _lean_config():
