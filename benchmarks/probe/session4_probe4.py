@@ -1,0 +1,72 @@
+"""Session-4 probe 4: analysis cost against eager, interleaved (the H100 hosts change speed within a run), and
+the profiler session's fixed cost split into Kineto's prepare / enable / disable and the teardown launch.
+Run twice: TEARDOWN_CUPTI unset (brrr sets 1) and TEARDOWN_CUPTI=0."""
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+import torch
+import torch.autograd.profiler as aprof
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import brrr  # noqa: E402,F401
+from analyze_overhead import StageClock, analyze_module  # noqa: E402
+from brrr.analyze.step import Step  # noqa: E402
+from brrr.examples import build_example  # noqa: E402
+from brrr.cost.device import get_ceilings  # noqa: E402
+
+kineto = defaultdict(list)
+for name in ("_prepare_profiler", "_enable_profiler", "_disable_profiler"):
+    fn = getattr(aprof, name)
+
+    def timed(*a, _fn=fn, _name=name, **k):
+        t0 = time.perf_counter()
+        try:
+            return _fn(*a, **k)
+        finally:
+            kineto[_name].append(time.perf_counter() - t0)
+    setattr(aprof, name, timed)
+
+model, (ids,) = build_example("bert-base", device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
+ceil = get_ceilings("cuda", progress=False)
+step = Step(model, (ids,))
+
+
+def eager_ms(n=10):
+    ts = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+for _ in range(3):
+    step()
+tag = f"TEARDOWN_CUPTI={os.environ.get('TEARDOWN_CUPTI', 'unset')}"
+ratios, totals, stages = [], [], defaultdict(list)
+for i in range(12):
+    before = eager_ms()
+    clock = StageClock()
+    with clock.installed():
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        analyze_module.analyze(model, ids, ceilings=ceil)
+        tot = (time.perf_counter() - t0) * 1e3
+    after = eager_ms()
+    eager = (before + after) / 2
+    if i:  # the first analysis in the process: CUPTI's one-time load
+        ratios.append(tot / eager)
+        totals.append(tot)
+        for k, v in clock.seconds.items():
+            stages[k].append(v * 1e3)
+    print(f"{tag} analysis {i}: {tot:.1f} ms, eager {before:.2f}/{after:.2f} ms -> {tot / eager:.1f}x", flush=True)
+print(f"{tag} median over analyses 1-11: {statistics.median(totals):.1f} ms, ratio {statistics.median(ratios):.1f}x "
+      f"(min {min(ratios):.1f}, max {max(ratios):.1f})")
+print(tag, "stage medians (ms):", {k: round(statistics.median(v), 1) for k, v in stages.items()})
+print(tag, "kineto medians (ms):", {k: round(statistics.median(v[1:]) * 1e3, 2) for k, v in kineto.items()},
+      "first:", {k: round(v[0] * 1e3, 1) for k, v in kineto.items()}, flush=True)
