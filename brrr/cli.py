@@ -10,6 +10,7 @@ Bad input (BrrrError) is printed as one line and exits with status 2; nothing he
 """
 
 import argparse
+import os
 import sys
 
 from brrr.errors import BrrrError
@@ -35,6 +36,9 @@ def cmd_analyze(args):
     import brrr
     from brrr.target import load_target
 
+    # one analysis, then the process ends: releasing CUPTI afterwards (what the API does, so that later steps
+    # in the process run at full speed) would only cost time here. The user's own setting wins.
+    os.environ.setdefault("TEARDOWN_CUPTI", "0")
     model, inputs, device, _ = load_target(args.target, args.example, args.device, args.dtype, args.batch)
     analysis = brrr.analyze(model, *inputs, train=args.train, device=device, progress=True)
     console = _console()

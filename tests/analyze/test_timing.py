@@ -97,11 +97,19 @@ def test_cupti_is_torn_down_after_profiling_unless_the_user_chose(monkeypatch):
 
     monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
     monkeypatch.setattr(torch.version, "cuda", "12.4")
-    timing.tear_down_cupti_after()
+    assert timing.tear_down_cupti_after() is False
     assert "TEARDOWN_CUPTI" not in os.environ          # CUDA graphs could crash CUPTI re-init before 12.6
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    timing.tear_down_cupti_after()
+    assert timing.tear_down_cupti_after() is True      # profiled() then launches the kernel that completes it
     assert os.environ["TEARDOWN_CUPTI"] == "1"
     monkeypatch.setenv("TEARDOWN_CUPTI", "0")
-    timing.tear_down_cupti_after()
+    assert timing.tear_down_cupti_after() is False
+    assert os.environ["TEARDOWN_CUPTI"] == "0"
+
+
+def test_the_cli_leaves_cupti_attached_since_its_process_ends(monkeypatch, tmp_path):
+    from brrr.cli import main
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    assert main(["analyze", "--example", "mlp", "--batch", "4", "--json", str(tmp_path / "a.json")]) == 0
     assert os.environ["TEARDOWN_CUPTI"] == "0"
