@@ -29,6 +29,7 @@ from torch.autograd.profiler import profile
 
 from brrr.analyze.capture import RANGE_PREFIX
 from brrr.cost.device import synchronize, time_once
+from brrr.errors import BrrrError
 
 STEP_RANGE = "brrr-step"
 
@@ -45,6 +46,9 @@ def profiled(device, warm_up=True):
     The first op in a fresh session runs slow (seen: the first matmul at twice its time on an H100), so by
     default one tiny op runs first, outside any op range, to take that cost.
     """
+    if torch.autograd._profiler_enabled():
+        # Kineto runs one session at a time: starting brrr's would silently end the user's
+        raise BrrrError("brrr.analyze runs its own profiler session: call it outside torch.profiler.profile")
     cuda = device.type == "cuda"
     tear_down = cuda and tear_down_cupti_after()
     synchronize(device)

@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import torch
 
 from brrr.analyze.capture import capture
@@ -113,3 +114,29 @@ def test_the_cli_leaves_cupti_attached_since_its_process_ends(monkeypatch, tmp_p
     monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
     assert main(["analyze", "--example", "mlp", "--batch", "4", "--json", str(tmp_path / "a.json")]) == 0
     assert os.environ["TEARDOWN_CUPTI"] == "0"
+
+
+def test_analyze_inside_a_user_profiler_is_a_clear_error():
+    import brrr
+    from brrr.errors import BrrrError
+
+    with torch.profiler.profile():
+        with pytest.raises(BrrrError, match="outside torch.profiler"):
+            brrr.analyze(torch.nn.Linear(8, 8), torch.randn(4, 8))
+
+
+def test_record_function_is_on_again_after_a_traced_step_that_raised():
+    from brrr.analyze.timing import _kineto_events
+    from brrr.errors import BrrrError
+
+    def broken(a):
+        (a * 2).relu()
+        raise ValueError("boom")
+
+    cpu = torch.device("cpu")
+    with profiled(cpu):
+        with pytest.raises(BrrrError, match="boom"):
+            capture(Step(broken, (torch.randn(4),)))
+    with profiled(cpu) as prof:
+        torch.randn(4).relu()
+    assert "aten::relu" in [e.name() for e in _kineto_events(prof)]
