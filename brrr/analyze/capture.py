@@ -21,6 +21,7 @@ can attribute host time and the device kernels an op launched to that op's recor
 
 import functools
 import gc
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -309,10 +310,14 @@ class BackwardModules:
 def _code_skipper():
     """set(code): Dynamo runs frames of `code`, and everything they call, without tracing them; or None."""
     try:
-        from torch._C._dynamo.eval_frame import set_code_exec_strategy
-        from torch._dynamo.types import FrameAction, FrameExecStrategy
+        from torch._C._dynamo import eval_frame
 
-        skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+        try:  # torch's C types directly: importing torch._dynamo for them costs ~1.4 s
+            action, strategy = eval_frame._FrameAction, eval_frame._FrameExecStrategy
+        except AttributeError:
+            from torch._dynamo.types import FrameAction as action, FrameExecStrategy as strategy
+        set_code_exec_strategy = eval_frame.set_code_exec_strategy
+        skip = strategy(action.SKIP, action.SKIP)
         return lambda code: set_code_exec_strategy(code, skip)
     except (ImportError, AttributeError, TypeError):
         return None
@@ -504,7 +509,9 @@ def record_step(step, mark_ranges=True):
     """Run `step` once under the tracer; returns its Trace (priced and linked by `.records()`, after the step,
     so that a profiler around this call sees the step alone)."""
     tracer = OpTracer(step.model, record_costs=True, mark_ranges=mark_ranges)
-    with tracer, gc_paused():
+    with tracer, gc_paused(), warnings.catch_warnings():
+        # the module hooks are brrr's, for this step only: torch's warning about them is not the user's concern
+        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
         output = step()
     results = list(tensors_in(output)) + [leaf.grad for leaf in step.grad_leaves if leaf.grad is not None]
     return Trace(tracer.raw, [_storage_key(t) for t in results])

@@ -96,6 +96,18 @@ def test_mlp_matmul_flops_match_flop_counter(mlp_target, mlp_analysis):
     assert contraction_flops(mlp_analysis) == reference_flops(model, inputs, train=False) == 2 * 2 * 64 * 128 * 128
 
 
+def test_a_torch_compiled_model_is_analyzed_like_the_eager_one(mlp_target, mlp_analysis, cpu_ceilings):
+    # the warm-up step compiles; the traced step runs Dynamo's cached code, whose ATen ops the tracer sees
+    model, inputs = mlp_target
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager")
+    analysis = analyze(compiled, *inputs, ceilings=cpu_ceilings)
+    assert sorted(op.name for op in analysis.ops if op.op_class != "view") == \
+        sorted(op.name for op in mlp_analysis.ops if op.op_class != "view")
+    assert contraction_flops(analysis) == contraction_flops(mlp_analysis)
+    check_consistent(analysis)
+
+
 def test_bert_inference_ops_and_flops(bert_target, cpu_ceilings):
     model, inputs = bert_target
     analysis = analyze(model, *inputs, ceilings=cpu_ceilings, profile_runs=1)
