@@ -16,7 +16,7 @@ import torch
 
 from brrr.analyze.analysis import Analysis
 from brrr.callable_package import make_callable
-from brrr.analyze.capture import OpRecord, gc_paused, record_step, trace_names
+from brrr.analyze.capture import OUTSIDE_MODEL, OpRecord, gc_paused, record_step, trace_names
 from brrr.analyze.step import Step, resolve_device
 from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, op_times, profiled, wall_time
 
@@ -55,12 +55,25 @@ def _tf32_enabled(device):
 
 
 def _profiled_times(prof, count, device):
-    """(per-op seconds, busy seconds or None) of one profiled tracer run."""
+    """(per-op seconds, busy seconds or None, kernels launched outside every op) of one profiled tracer run."""
     if device.type == "cuda":
         fast = cuda_op_times(prof, count)
         if fast is not None:
             return fast
-    return op_times(prof, count, device), None
+    return op_times(prof, count, device), None, []
+
+
+def _kernel_records(outside, records):
+    """OpRecords for the kernels compiled code launched outside every ATen op (see timing.cuda_op_times),
+    appended after the ops, each with the module and phase of the op that ran before its launch."""
+    kernels = []
+    for name, seconds, before in outside:
+        near = records[before] if 0 <= before < len(records) else None
+        kernels.append(OpRecord(
+            index=len(records) + len(kernels), name=name, module=near.module if near else OUTSIDE_MODEL["forward"],
+            phase=near.phase if near else "forward", op_class="other", flops=0, bytes_read=0, bytes_written=0,
+            dtype=None, time_s=seconds, kernel=True))
+    return kernels
 
 
 def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=None, profile_runs=None):
@@ -81,27 +94,28 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         ceilings = get_ceilings(device, progress=progress)  # before our bar: rich allows one live display
     with _stage_bar(progress) as stage:
         stage("capture")
-        # warm-up: first-call costs out of the way, a model that raises fails here. The plain steps that give
-        # the wall time (the faster of WALL_RUNS) run first and back to back: a step right after the traced
-        # one runs 1.4-1.9x slower (caches cold after the tracer's work), which would count as overhead
+        # the plain steps that give the wall time (the faster of WALL_RUNS) run first and back to back; the
+        # first is also the warm-up: compiles, autotuning, lazy initialization and a model that raises all
+        # happen outside the traced step
         wall = wall_time(step, device, warmup=0, min_runs=WALL_RUNS, max_runs=WALL_RUNS)
         with profiled(device) as prof:
             trace = record_step(step)
         records = trace.records()  # priced and linked once the profiler has stopped
         names = [r.name for r in records]
-        runs, busys = zip(*[_profiled_times(prof, len(records), device)])
-        runs, busys = list(runs), list(busys)
+        times, busy, outside = _profiled_times(prof, len(records), device)
+        runs, busys = [times], [busy]
 
         stage("profile")
         for _ in range(profile_runs - 1):
             with profiled(device) as prof:
                 run_names = trace_names(step)
             if run_names == names:  # a step whose ops differ run to run keeps only the captured timing
-                times, busy = _profiled_times(prof, len(records), device)
+                times, busy, _ = _profiled_times(prof, len(records), device)
                 runs.append(times)
                 busys.append(busy)
         for record, seconds in zip(records, median_times(runs)):
             record.time_s = seconds
+        records += _kernel_records(outside, records)
 
         stage("wall time")
         if None in busys:

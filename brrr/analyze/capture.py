@@ -22,7 +22,7 @@ can attribute host time and the device kernels an op launched to that op's recor
 import functools
 import gc
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -34,6 +34,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from brrr.cost.ops import OpCost, nbytes_touched, op_cost, tensors_in, written_arguments
 
 RANGE_PREFIX = "brrr#"
+STEP_RANGE = "brrr-step"  # around the whole traced step: kernels launched in it but outside every op range
+                          # come from compiled code (timing.cuda_op_times)
 # record_function's C++ core: a profiler range without record_function's own op dispatches (~1 us, not ~7)
 _op_range = torch._C._profiler._RecordFunctionFast
 _record_functions = torch.autograd._enable_record_function
@@ -63,6 +65,8 @@ class OpRecord:
     roofline_time_s: float = 0.0
     regime: str = "overhead"
     is_step_output: bool = False    # wrote a tensor the step hands back (model output, parameter gradient)
+    kernel: bool = False            # a device kernel launched by compiled code, not by an ATen op: its time
+                                    # is measured, its FLOPs and bytes are unknown (0)
 
     @property
     def bytes(self):
@@ -505,11 +509,15 @@ def gc_paused():
             gc.enable()
 
 
+def _step_range(mark):
+    return _op_range(STEP_RANGE) if mark else nullcontext()
+
+
 def record_step(step, mark_ranges=True):
     """Run `step` once under the tracer; returns its Trace (priced and linked by `.records()`, after the step,
     so that a profiler around this call sees the step alone)."""
     tracer = OpTracer(step.model, record_costs=True, mark_ranges=mark_ranges)
-    with tracer, gc_paused(), warnings.catch_warnings():
+    with _step_range(mark_ranges), tracer, gc_paused(), warnings.catch_warnings():
         # the module hooks are brrr's, for this step only: torch's warning about them is not the user's concern
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
         output = step()
@@ -525,6 +533,6 @@ def capture(step, mark_ranges=True):
 def trace_names(step, mark_ranges=True):
     """Run `step` once marking ranges only (no pricing); returns the op names, to match against capture."""
     tracer = OpTracer(record_costs=False, mark_ranges=mark_ranges)
-    with tracer:
+    with _step_range(mark_ranges), tracer:
         step()
     return tracer.names

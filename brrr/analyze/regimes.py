@@ -6,6 +6,8 @@ contractions and the plain fp32 rate for everything else (Ceilings.roofline_time
 - "bandwidth": the bytes roof is;
 - "overhead":  fixed cost dominates: no work at all, or a tiny op that finishes within a few launch
                latencies while its floor is well under its measured time.
+Kernels launched by compiled code outside any ATen op have no known FLOPs or bytes; they are placed by
+duration alone (`compiled_kernel_regime`).
 The run is split into seconds of each regime that add up to the wall time (see `run_split`), and ops are
 grouped per module and per op class (the "% FLOPs vs % runtime" table of Data Movement Is All You Need).
 """
@@ -40,10 +42,20 @@ def achieved_fraction(roofline_time_s, time_s):
     return roofline_time_s / time_s if time_s > 0 else None
 
 
+def compiled_kernel_regime(time_s, launch_latency):
+    """The regime of a kernel compiled code launched (FLOPs and bytes unknown): overhead when it is as short
+    as a fixed cost, else bandwidth. An assumption, not a measurement: the kernels compilers generate outside
+    ATen are fused pointwise and reduction kernels, memory-bound but for matmul templates."""
+    return "overhead" if time_s <= OVERHEAD_LATENCIES * launch_latency else "bandwidth"
+
+
 def place_ops(records, ceilings):
     """Fill `roofline_time_s` and `regime` of every OpRecord from its FLOPs, bytes and measured time."""
     floors = {}  # (flops, bytes, dtype, contraction) -> (peak, floor): a model's layers repeat the same ops
     for r in records:
+        if r.kernel:
+            r.roofline_time_s, r.regime = 0.0, compiled_kernel_regime(r.time_s, ceilings.launch_latency)
+            continue
         work = (r.flops, r.bytes, r.dtype, r.contraction)
         roofs = floors.get(work)
         if roofs is None:

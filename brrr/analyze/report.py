@@ -63,15 +63,19 @@ def fmt_pct(value):
 
 def op_row(op, total_time, short=False):
     """The display fields of one op: shared by the terminal table and the HTML table."""
-    achieved = achieved_fraction(op.roofline_time_s, op.time_s)
+    known = op.time_s and not op.kernel  # a compiled kernel's FLOPs and bytes are unknown: no rates
     return {
         "#": str(op.index), "op": short_name(op.name) if short else op.name, "module": op.module + (" (bw)" if op.phase == "backward" else ""),
-        "class": op.op_class, "time": fmt_seconds(op.time_s),
+        "class": "kernel" if op.kernel else op.op_class, "time": fmt_seconds(op.time_s),
         "% time": fmt_pct(op.time_s / total_time if total_time else None),
-        "FLOP/s": fmt_rate(op.flops / op.time_s if op.time_s else None, "" if short else "FLOP/s"),
-        "bytes/s": fmt_rate(op.bytes / op.time_s if op.time_s else None, "" if short else "B/s"),
-        "% of roof": fmt_pct(achieved), "regime": op.regime,
+        "FLOP/s": fmt_rate(op.flops / op.time_s if known else None, "" if short else "FLOP/s"),
+        "bytes/s": fmt_rate(op.bytes / op.time_s if known else None, "" if short else "B/s"),
+        "% of roof": fmt_pct(_achieved(op)), "regime": op.regime,
     }
+
+
+def _achieved(op):
+    return None if op.kernel else achieved_fraction(op.roofline_time_s, op.time_s)
 
 
 def top_ops(analysis, top):
@@ -94,8 +98,7 @@ def op_dict(op):
         "index": op.index, "name": op.name, "module": op.module, "phase": op.phase, "op_class": op.op_class,
         "flops": int(op.flops), "bytes_read": int(op.bytes_read), "bytes_written": int(op.bytes_written),
         "time_s": float(op.time_s), "regime": op.regime, "intensity": op.intensity,
-        "roofline_time_s": float(op.roofline_time_s),
-        "achieved_fraction": achieved_fraction(op.roofline_time_s, op.time_s),
+        "roofline_time_s": float(op.roofline_time_s), "achieved_fraction": _achieved(op), "kernel": op.kernel,
         "dtype": op.dtype, "input_shapes": op.input_shapes, "inputs_from": [p for p, _ in op.inputs_from],
     }
 
@@ -155,6 +158,11 @@ def print_report(analysis, console, top=15):
     console.print(_table(f"Top {len(rows)} ops by time", columns, rows,
                          right={"#", "time", "% time", "FLOP/s", "bytes/s", "% of roof"}, wrap={"module"},
                          cap=18 if narrow else 28))
+    kernels = [op for op in analysis.ops if op.kernel]
+    if kernels:
+        console.print(f"{len(kernels)} kernels were launched by compiled code, outside any ATen op "
+                      f"({fmt_seconds(sum(op.time_s for op in kernels))}): their time is measured, their FLOPs "
+                      "and bytes are not known, and their regime is assumed from their length (class 'other').")
     rows = module_rows(analysis, top=8)
     for row in rows:
         row[0], row[-1] = escape(row[0]), f"[{REGIME_STYLES[row[-1]]}]{row[-1]}[/]"

@@ -19,19 +19,19 @@ step on the H100, 40x the step itself.
 import bisect
 import os
 import statistics
-from collections import defaultdict
 import time
+from collections import defaultdict
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler import profile
 
-from brrr.analyze.capture import RANGE_PREFIX
+from brrr.analyze.capture import RANGE_PREFIX, STEP_RANGE
 from brrr.cost.device import synchronize, time_once
 from brrr.errors import BrrrError
 
-STEP_RANGE = "brrr-step"
 
 
 @contextmanager
@@ -111,12 +111,24 @@ def _range_index(name):
     return int(name[len(RANGE_PREFIX):]) if name.startswith(RANGE_PREFIX) else None
 
 
-def cuda_op_times(prof, count):
-    """(seconds per op index, busy seconds) of a profiled tracer run on CUDA, from the raw Kineto events.
+class CudaTimes(NamedTuple):
+    """What a profiled tracer run on CUDA measured (see cuda_op_times)."""
 
-    Returns None when the launch calls can't be linked to kernels (an unexpected profiler version)."""
+    times: list       # device seconds per op index
+    busy_s: float     # union of the step's kernel intervals
+    outside: list     # [(kernel name, seconds, index of the op range before its launch or -1)]
+
+
+def cuda_op_times(prof, count):
+    """Per-op device seconds, busy seconds and the kernels launched outside every op range, of a profiled
+    tracer run on CUDA, from the raw Kineto events.
+
+    A kernel launched inside the step range but outside every op range was launched by compiled code
+    (Triton kernels of torch.compile or brrr) rather than by an ATen op: it counts towards the busy time and
+    is returned in `outside`, in launch order. Returns None when the launch calls can't be linked to kernels
+    (an unexpected profiler version)."""
     events = _kineto_events(prof)
-    ranges, launches, kernels = [], {}, []
+    ranges, launches, kernels, step = [], {}, [], None
     for e in events:
         if e.device_type() == DeviceType.CPU:
             name = e.name()
@@ -124,21 +136,29 @@ def cuda_op_times(prof, count):
                 ranges.append((e.start_ns(), e.end_ns(), int(name[len(RANGE_PREFIX):])))
             elif _is_launch_call(name):
                 launches[e.correlation_id()] = e.start_ns()
+            elif name == STEP_RANGE:
+                step = (e.start_ns(), e.end_ns())
         elif not e.is_user_annotation():
             kernels.append(e)
     ranges.sort()
     starts = [r[0] for r in ranges]
-    times, intervals = [0.0] * count, []
+    times, intervals, outside = [0.0] * count, [], []
     for k in kernels:
         launched = launches.get(k.correlation_id())
-        j = bisect.bisect_right(starts, launched) - 1 if launched is not None else -1
-        if j < 0 or launched > ranges[j][1] or ranges[j][2] >= count:
-            continue  # the profiler's own warm-up op, or a kernel launched outside every op range
-        times[ranges[j][2]] += k.duration_ns() / 1e9
+        if launched is None:
+            continue
+        j = bisect.bisect_right(starts, launched) - 1
+        if j >= 0 and launched <= ranges[j][1] and ranges[j][2] < count:
+            times[ranges[j][2]] += k.duration_ns() / 1e9
+        elif step is not None and step[0] <= launched <= step[1]:
+            outside.append((launched, k.name(), k.duration_ns() / 1e9, ranges[j][2] if j >= 0 else -1))
+        else:
+            continue  # the profiler's own warm-up op
         intervals.append((k.start_ns(), k.end_ns()))
     if kernels and not intervals:
         return None
-    return times, union_seconds(intervals) / 1e9
+    outside.sort()
+    return CudaTimes(times, union_seconds(intervals) / 1e9, [entry[1:] for entry in outside])
 
 
 def _device_time_us(event):

@@ -72,6 +72,15 @@ def test_place_ops_uses_matmul_peak_for_contractions_and_vector_rate_otherwise()
     assert mm.regime == add.regime == "compute"
 
 
+def test_compiled_kernels_have_no_floor_and_a_regime_by_length():
+    ceilings = make_ceilings(launch_latency=5e-6)
+    short = make_record(0, "other", time_s=8e-6, name="triton_poi_fused_add_0", kernel=True)
+    long = make_record(1, "other", time_s=40e-6, name="k3", kernel=True)
+    place_ops([short, long], ceilings)
+    assert (short.regime, long.regime) == ("overhead", "bandwidth")
+    assert short.roofline_time_s == long.roofline_time_s == 0.0
+
+
 def _split_records():
     return [
         make_record(0, "contraction", time_s=3e-3, name="aten.mm.default"),

@@ -63,6 +63,26 @@ def test_json_is_safe_with_infinities_and_nans():
     check_schema(d)
 
 
+def test_compiled_kernels_render_without_rates_and_are_flagged(tmp_path):
+    records = [make_record(0, "contraction", flops=2e9, bytes_read=6e6, time_s=1e-3, name="aten.mm.default"),
+               make_record(1, "other", time_s=3e-4, name="triton_poi_fused_gelu_0", kernel=True)]
+    analysis = Analysis.from_measurements(records, make_ceilings(), wall_time_s=2e-3, busy_time_s=1.3e-3)
+    d = analysis.to_dict()
+    check_schema(d)
+    kernel = d["ops"][1]
+    assert kernel["kernel"] is True and kernel["achieved_fraction"] is None and kernel["regime"] == "bandwidth"
+    assert d["ops"][0]["kernel"] is False
+    assert d["regimes"]["bandwidth"] == pytest.approx(3e-4)  # the kernel's time is busy time, not overhead
+    out = io.StringIO()
+    analysis.print(Console(file=out, width=160))
+    text = out.getvalue()
+    assert "1 kernels were launched by compiled code" in text
+    row = next(line for line in text.splitlines() if "triton_poi_fused_gelu_0" in line)
+    assert "kernel" in row and " - " in row       # class "kernel", no FLOP/s or bytes/s
+    analysis.save_png(tmp_path / "r.png")          # no point for a kernel with unknown bytes, no failure
+    assert (tmp_path / "r.png").read_bytes().startswith(PNG_MAGIC)
+
+
 def test_png_is_a_roofline_image(mlp_analysis, tmp_path):
     path = tmp_path / "roofline.png"
     mlp_analysis.save_png(path)

@@ -78,9 +78,35 @@ def test_cuda_kernels_are_attributed_to_the_range_that_launched_them():
         FakeKinetoEvent("gelu", gpu, 1100, 1500, correlation=902),  # overlaps gemm: busy counts it once
         FakeKinetoEvent("memset", gpu, 1500, 1600, correlation=903),
     ]
-    times, busy = cuda_op_times(fake_profile(events), count=2)
+    times, busy, outside = cuda_op_times(fake_profile(events), count=2)
     assert times == [1000 / 1e9, (400 + 100) / 1e9]
     assert busy == (1600 - 200) / 1e9
+    assert outside == []
+
+
+def test_kernels_compiled_code_launched_in_the_step_count_as_busy_and_are_listed():
+    from torch.autograd import DeviceType
+
+    from brrr.analyze.capture import STEP_RANGE
+    from brrr.analyze.timing import cuda_op_times
+
+    cpu, gpu = DeviceType.CPU, DeviceType.CUDA
+    events = [
+        FakeKinetoEvent("cudaLaunchKernel", cpu, 5, 6, correlation=900),  # the profiler's warm-up op
+        FakeKinetoEvent(STEP_RANGE, cpu, 8, 60),
+        FakeKinetoEvent("cuLaunchKernel", cpu, 9, 10, correlation=904),  # a Triton kernel before any op
+        FakeKinetoEvent("brrr#0", cpu, 10, 20),
+        FakeKinetoEvent("cudaLaunchKernel", cpu, 12, 13, correlation=901),
+        FakeKinetoEvent("cuLaunchKernel", cpu, 25, 26, correlation=902),  # between ops: compiled code
+        FakeKinetoEvent("warmup_kernel", gpu, 100, 110, correlation=900),
+        FakeKinetoEvent("triton_red_fused_0", gpu, 150, 190, correlation=904),
+        FakeKinetoEvent("gemm", gpu, 200, 1200, correlation=901),
+        FakeKinetoEvent("triton_poi_fused_gelu_1", gpu, 1200, 1500, correlation=902),
+    ]
+    times, busy, outside = cuda_op_times(fake_profile(events), count=1)
+    assert times == [1000 / 1e9]
+    assert busy == (40 + 1000 + 300) / 1e9
+    assert outside == [("triton_red_fused_0", 40 / 1e9, -1), ("triton_poi_fused_gelu_1", 300 / 1e9, 0)]
 
 
 def test_unlinkable_kernels_fall_back():
