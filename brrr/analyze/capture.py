@@ -241,8 +241,9 @@ class ModuleStack:
     def __init__(self, model):
         self.names = {}
         if isinstance(model, torch.nn.Module):
+            compiled, model = model, getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
             self.names = {id(m): name for name, m in model.named_modules()}
-            self.names[id(model)] = type(model).__name__
+            self.names[id(model)] = self.names[id(compiled)] = type(model).__name__
         self.stack = []
 
     def current(self):
@@ -252,7 +253,10 @@ class ModuleStack:
         name = self.names.get(id(module))
         if name is None:  # a module outside the model, or created during forward
             parent = self.current()
-            name = f"{parent}.{type(module).__name__}" if parent else type(module).__name__
+            if parent and isinstance(module, torch.fx.GraphModule):
+                name = parent  # a compiled graph (torch.compile): its ops belong to the module that runs it
+            else:
+                name = f"{parent}.{type(module).__name__}" if parent else type(module).__name__
         self.stack.append(name)
 
     def _exit(self, module, args, output):
@@ -338,6 +342,13 @@ def _skip_in_dynamo(code):
 
 class OpTracer(TorchDispatchMode):
     """Notes every op (raw metadata, see the module docstring) and/or marks each with a profiler range."""
+
+    @classmethod
+    def ignore_compile_internals(cls):
+        # a torch.compile'd model runs its compiled code under the tracer (Dynamo otherwise falls back to eager
+        # for any active mode): its ATen calls are traced, and the kernels it launches itself are timed as
+        # kernels outside any op (timing.cuda_op_times). Older torch without this hook runs such models eagerly.
+        return True
 
     @classmethod
     def _should_skip_dynamo(cls):

@@ -96,15 +96,28 @@ def test_mlp_matmul_flops_match_flop_counter(mlp_target, mlp_analysis):
     assert contraction_flops(mlp_analysis) == reference_flops(model, inputs, train=False) == 2 * 2 * 64 * 128 * 128
 
 
-def test_a_torch_compiled_model_is_analyzed_like_the_eager_one(mlp_target, mlp_analysis, cpu_ceilings):
-    # the warm-up step compiles; the traced step runs Dynamo's cached code, whose ATen ops the tracer sees
+def test_a_torch_compiled_model_runs_its_compiled_code_under_the_tracer(mlp_target, mlp_analysis, cpu_ceilings):
+    # Dynamo runs eager code under an active dispatch mode unless the mode ignores compile internals: then the
+    # traced step runs the compiled artifact, whose ATen calls the tracer sees
+    from torch._dynamo.backends.common import aot_autograd
+
     model, inputs = mlp_target
+    calls = []
+
+    def counting(gm, example_inputs):
+        def run(*args):
+            calls.append(1)
+            return gm(*args)
+        return run
+
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="aot_eager")
-    analysis = analyze(compiled, *inputs, ceilings=cpu_ceilings)
+    compiled = torch.compile(model, backend=aot_autograd(fw_compiler=counting))
+    analysis = analyze(compiled, *inputs, ceilings=cpu_ceilings, profile_runs=1)
+    assert len(calls) == 4  # two wall-time steps, the traced step and the CPU busy-time step
     assert sorted(op.name for op in analysis.ops if op.op_class != "view") == \
         sorted(op.name for op in mlp_analysis.ops if op.op_class != "view")
     assert contraction_flops(analysis) == contraction_flops(mlp_analysis)
+    assert {op.module for op in analysis.ops} <= {type(model).__name__, "<step>"}
     check_consistent(analysis)
 
 
