@@ -1,9 +1,11 @@
-"""Pieces the session-3 probes share: brrr compiled with an environment switch set while it compiles (to
-compare two code paths in one process), and a cProfile report of a step run n times."""
+"""Pieces the probes share: brrr compiled with an environment switch set while it compiles (to compare two
+code paths in one process), a cProfile report of a step run n times, and the median time of a step."""
 import cProfile
 import io
 import os
 import pstats
+import statistics
+import time
 
 import torch
 
@@ -42,3 +44,16 @@ def profile_report(step, n, sorts=("tottime",), rows=25, callers=None):
     if callers:
         stats.print_callers(callers)
     return s.getvalue()
+
+
+def median_ms(fn, n=20, sync=None):
+    """Median milliseconds of `fn()` over n runs, each synchronized before and after (default: CUDA)."""
+    sync = sync or torch.cuda.synchronize
+    times = []
+    for _ in range(n):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3

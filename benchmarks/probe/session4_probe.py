@@ -2,20 +2,19 @@
 first analysis in a process included; the fixed costs of a profiler session; the Kineto event processing; the
 step right after a traced step (CUPTI torn down); the traced step's per-op cost by part."""
 import os
-import statistics
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import brrr  # noqa: E402
+import brrr  # noqa: E402,F401
 from analyze_overhead import StageClock, analyze_module  # noqa: E402
 from brrr.analyze.capture import OpTracer, record_step  # noqa: E402
 from brrr.analyze.step import Step  # noqa: E402
 from brrr.analyze import timing  # noqa: E402
 from brrr.examples import build_example  # noqa: E402
-from probe_common import profile_report  # noqa: E402
+from probe_common import median_ms as ms, profile_report  # noqa: E402
 
 print("inductor imported at start:", "torch._inductor" in sys.modules, flush=True)
 model, (ids,) = build_example("bert-base", device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
@@ -24,17 +23,6 @@ t0 = time.perf_counter()
 ceil = get_ceilings("cuda", progress=False)
 print(f"ceilings {time.perf_counter() - t0:.2f} s; inductor imported now:", "torch._inductor" in sys.modules, flush=True)
 step = Step(model, (ids,))
-
-
-def ms(fn, n=20):
-    ts = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
 
 
 for _ in range(3):
@@ -79,7 +67,7 @@ for i in range(3):
 with timing.profiled(torch.device("cuda")) as prof:
     trace = record_step(step)
 t0 = time.perf_counter()
-events = prof.profiler.kineto_results.events()
+events = prof.kineto_results.events()
 t1 = time.perf_counter()
 records = trace.records()
 t2 = time.perf_counter()

@@ -1,7 +1,6 @@
 """Session-4 probe 3: the cost of one analysis of BERT-base bf16 8x512 inference against an eager step, each
 analysis next to a fresh eager measurement, stage by stage (as benchmarks/analyze_overhead.py)."""
 import os
-import statistics
 import sys
 import time
 
@@ -13,6 +12,7 @@ from analyze_overhead import StageClock, analyze_module  # noqa: E402
 from brrr.analyze.step import Step  # noqa: E402
 from brrr.examples import build_example  # noqa: E402
 from brrr.cost.device import get_ceilings  # noqa: E402
+from probe_common import median_ms  # noqa: E402
 
 model, (ids,) = build_example("bert-base", device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
 ceil = get_ceilings("cuda", progress=False)
@@ -20,14 +20,7 @@ step = Step(model, (ids,))
 
 
 def eager_ms(n=20):
-    ts = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+    return median_ms(step, n)
 
 
 for _ in range(3):

@@ -16,6 +16,7 @@ from analyze_overhead import StageClock, analyze_module  # noqa: E402
 from brrr.analyze.step import Step  # noqa: E402
 from brrr.examples import build_example  # noqa: E402
 from brrr.cost.device import get_ceilings  # noqa: E402
+from probe_common import median_ms  # noqa: E402
 
 kineto = defaultdict(list)
 for name in ("_prepare_profiler", "_enable_profiler", "_disable_profiler"):
@@ -35,14 +36,7 @@ step = Step(model, (ids,))
 
 
 def eager_ms(n=10):
-    ts = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+    return median_ms(step, n)
 
 
 for _ in range(3):

@@ -2,7 +2,6 @@
 BERT-base bf16 8x512 inference before any profiler session, then after each of three analyses, in blocks
 that alternate with a plain busy loop so host phases show up in both."""
 import os
-import statistics
 import sys
 import time
 
@@ -13,6 +12,7 @@ import brrr  # noqa: E402
 from brrr.analyze.step import Step  # noqa: E402
 from brrr.examples import build_example  # noqa: E402
 from brrr.cost.device import get_ceilings  # noqa: E402
+from probe_common import median_ms  # noqa: E402
 
 model, (ids,) = build_example("bert-base", device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
 ceil = get_ceilings("cuda", progress=False)
@@ -21,14 +21,7 @@ x = torch.randn(1024, device="cuda")
 
 
 def eager_ms(n=40):
-    ts = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+    return median_ms(step, n)
 
 
 def launches_us(n=2000):
