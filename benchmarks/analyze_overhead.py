@@ -116,6 +116,17 @@ class StageClock:
         return wrapper
 
 
+def timed_analysis(model, *inputs, device="cuda", **kwargs):
+    """(milliseconds of one analyze() call, {stage: milliseconds}, the Analysis), device synchronized first."""
+    clock = StageClock()
+    with clock.installed():
+        synchronize(device)
+        start = time.perf_counter()
+        analysis = analyze_module.analyze(model, *inputs, **kwargs)
+        total = (time.perf_counter() - start) * 1e3
+    return total, {stage: seconds * 1e3 for stage, seconds in clock.seconds.items()}, analysis
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=1)
@@ -148,12 +159,9 @@ def main():
     analyze_module.analyze(model, *inputs, train=args.train, ceilings=ceilings)  # first-call costs
     totals, stage_runs = [], []
     for _ in range(args.repeats):
-        clock = StageClock()
-        with clock.installed():
-            start = time.perf_counter()
-            analyze_module.analyze(model, *inputs, train=args.train, ceilings=ceilings)
-            totals.append(time.perf_counter() - start)
-        stage_runs.append(clock.seconds)
+        total_ms, stage_ms, _ = timed_analysis(model, *inputs, device=device, train=args.train, ceilings=ceilings)
+        totals.append(total_ms / 1e3)
+        stage_runs.append({stage: ms / 1e3 for stage, ms in stage_ms.items()})
     total = statistics.median(totals)
     print(f"analyze()           {total * 1e3:8.2f} ms   = {total / eager:.1f}x eager  "
           f"(median of {args.repeats}; stages below are medians too)")

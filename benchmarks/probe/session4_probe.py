@@ -9,7 +9,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import brrr  # noqa: E402,F401
-from analyze_overhead import StageClock, analyze_module  # noqa: E402
+from analyze_overhead import analyze_module, timed_analysis  # noqa: E402
 from brrr.analyze.capture import OpTracer, record_step  # noqa: E402
 from brrr.analyze.step import Step  # noqa: E402
 from brrr.analyze import timing  # noqa: E402
@@ -31,14 +31,8 @@ eager = ms(step)
 print(f"eager step {eager:.2f} ms", flush=True)
 
 for i in range(4):
-    clock = StageClock()
-    with clock.installed():
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        analyze_module.analyze(model, ids, ceilings=ceil)
-        tot = (time.perf_counter() - t0) * 1e3
-    print(f"analysis {i}: {tot:.1f} ms = {tot / eager:.1f}x;",
-          {k: round(v * 1e3, 1) for k, v in clock.seconds.items()}, flush=True)
+    tot, stages, _ = timed_analysis(model, ids, ceilings=ceil)
+    print(f"analysis {i}: {tot:.1f} ms = {tot / eager:.1f}x;", {k: round(v, 1) for k, v in stages.items()}, flush=True)
 print("inductor imported after analyses:", "torch._inductor" in sys.modules)
 
 # fixed costs of a profiler session

@@ -2,13 +2,12 @@
 analysis next to a fresh eager measurement, stage by stage (as benchmarks/analyze_overhead.py)."""
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import brrr  # noqa: E402,F401
-from analyze_overhead import StageClock, analyze_module  # noqa: E402
+from analyze_overhead import timed_analysis  # noqa: E402
 from brrr.analyze.step import Step  # noqa: E402
 from brrr.examples import build_example  # noqa: E402
 from brrr.cost.device import get_ceilings  # noqa: E402
@@ -27,13 +26,8 @@ for _ in range(3):
     step()
 for i in range(int(os.environ.get("ANALYSES", "5"))):
     eager = eager_ms()
-    clock = StageClock()
-    with clock.installed():
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        a = analyze_module.analyze(model, ids, ceilings=ceil)
-        tot = (time.perf_counter() - t0) * 1e3
+    tot, stages, a = timed_analysis(model, ids, ceilings=ceil)
     print(f"analysis {i}: {tot:.1f} ms, eager {eager:.2f} ms -> {tot / eager:.1f}x (wall {a.wall_time_s * 1e3:.2f});",
-          {k: round(v * 1e3, 1) for k, v in clock.seconds.items()}, flush=True)
+          {k: round(v, 1) for k, v in stages.items()}, flush=True)
 print(f"eager after: {eager_ms():.2f} ms", flush=True)
 print("done", flush=True)

@@ -12,7 +12,7 @@ import torch.autograd.profiler as aprof
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import brrr  # noqa: E402,F401
-from analyze_overhead import StageClock, analyze_module  # noqa: E402
+from analyze_overhead import timed_analysis  # noqa: E402
 from brrr.analyze.step import Step  # noqa: E402
 from brrr.examples import build_example  # noqa: E402
 from brrr.cost.device import get_ceilings  # noqa: E402
@@ -45,19 +45,14 @@ tag = f"TEARDOWN_CUPTI={os.environ.get('TEARDOWN_CUPTI', 'unset')}"
 ratios, totals, stages = [], [], defaultdict(list)
 for i in range(12):
     before = eager_ms()
-    clock = StageClock()
-    with clock.installed():
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        analyze_module.analyze(model, ids, ceilings=ceil)
-        tot = (time.perf_counter() - t0) * 1e3
+    tot, stage_ms, _ = timed_analysis(model, ids, ceilings=ceil)
     after = eager_ms()
     eager = (before + after) / 2
     if i:  # the first analysis in the process: CUPTI's one-time load
         ratios.append(tot / eager)
         totals.append(tot)
-        for k, v in clock.seconds.items():
-            stages[k].append(v * 1e3)
+        for k, v in stage_ms.items():
+            stages[k].append(v)
     print(f"{tag} analysis {i}: {tot:.1f} ms, eager {before:.2f}/{after:.2f} ms -> {tot / eager:.1f}x", flush=True)
 print(f"{tag} median over analyses 1-11: {statistics.median(totals):.1f} ms, ratio {statistics.median(ratios):.1f}x "
       f"(min {min(ratios):.1f}, max {max(ratios):.1f})")
