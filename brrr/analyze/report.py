@@ -162,7 +162,8 @@ def print_report(analysis, console, top=15):
     if kernels:
         console.print(f"{len(kernels)} kernels were launched by compiled code, outside any ATen op "
                       f"({fmt_seconds(sum(op.time_s for op in kernels))}): their time is measured, their FLOPs "
-                      "and bytes are not known, and their regime is assumed from their length (class 'other').")
+                      "and bytes are not known, and their regime is assumed from their length. They count as "
+                      "'other' in the class table.")
     rows = module_rows(analysis, top=8)
     for row in rows:
         row[0], row[-1] = escape(row[0]), f"[{REGIME_STYLES[row[-1]]}]{row[-1]}[/]"

@@ -12,8 +12,8 @@ Three measurements of the same step:
 
 The profiler's raw Kineto events are read directly: on CUDA a kernel belongs to op i when the runtime call
 that launched it (same correlation id) started inside range `brrr#i`; on CPU an op's time is the length of
-its range. Building torch's FunctionEvent tree (`prof.function_events`) instead cost ~0.4 s per profiled BERT-base
-step on the H100, 40x the step itself.
+its range. Building torch's FunctionEvent tree (`prof.function_events`) instead cost ~0.4 s per profiled
+BERT-base step on the H100, 40x the step itself.
 """
 
 import bisect
@@ -31,7 +31,6 @@ from torch.autograd.profiler import profile
 from brrr.analyze.capture import RANGE_PREFIX, STEP_RANGE
 from brrr.cost.device import synchronize, time_once
 from brrr.errors import BrrrError
-
 
 
 @contextmanager
