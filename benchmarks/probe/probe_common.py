@@ -57,3 +57,13 @@ def median_ms(fn, n=20, sync=None):
         sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
+
+
+def bert_base_inference():
+    """The analyzer probes' subject: BERT-base bf16 8x512 inference on CUDA, as (model, ids, step, ceilings)."""
+    from brrr.analyze.step import Step
+    from brrr.cost.device import get_ceilings
+    from brrr.examples import build_example
+
+    model, (ids,) = build_example("bert-base", device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
+    return model, ids, Step(model, (ids,)), get_ceilings("cuda", progress=False)

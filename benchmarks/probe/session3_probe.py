@@ -12,7 +12,7 @@ import torch
 from brrr.bench import bench
 from brrr.compile.backend import brrr_backend
 from brrr.examples import build_example, mlp
-from probe_common import brrr_with_env, profile_report
+from probe_common import brrr_with_env, median_ms, profile_report
 
 OUT = os.environ.get("OUT", "/tmp")
 parts = sys.argv[1] if len(sys.argv) > 1 else "ABCDE"
@@ -114,14 +114,7 @@ if "E" in parts:
     step = Step(model, (ids,), train=False)
 
     def timed(fn, n=7):
-        ts = []
-        for _ in range(n):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
+        return median_ms(fn, n) / 1e3
     for _ in range(3):
         step()
     eager = timed(step)

@@ -3,17 +3,15 @@ inference, 470 ops). Host time of one step, median of 7, device synchronized, un
 mode that only calls the op; the same with torch's per-op dynamo-disable wrapper removed; brrr's tracer with
 ranges only / metadata only / both; each of those inside a profiler (CPU+CUDA, brrr's lean config); and
 analyze() itself."""
-import statistics
-import time
-
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import brrr
-from brrr.analyze.capture import OpTracer, _gc_paused
+from brrr.analyze.capture import OpTracer, gc_paused
 from brrr.analyze.step import Step
 from brrr.analyze.timing import profiled
 from brrr.examples import build_example
+from probe_common import median_ms
 
 model, (ids,) = build_example("bert-base", device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
 step = Step(model, (ids,), train=False)
@@ -35,19 +33,12 @@ RawPassthrough.__torch_dispatch__ = raw
 
 
 def timed(fn, n=7):
-    ts = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+    return median_ms(fn, n)
 
 
 def under(make_mode):
     def run():
-        with make_mode(), _gc_paused():
+        with make_mode(), gc_paused():
             step()
     return run
 

@@ -3,19 +3,12 @@ analysis next to a fresh eager measurement, stage by stage (as benchmarks/analyz
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import brrr  # noqa: E402,F401
 from analyze_overhead import timed_analysis  # noqa: E402
-from brrr.analyze.step import Step  # noqa: E402
-from brrr.examples import build_example  # noqa: E402
-from brrr.cost.device import get_ceilings  # noqa: E402
-from probe_common import median_ms  # noqa: E402
+from probe_common import bert_base_inference, median_ms  # noqa: E402
 
-model, (ids,) = build_example("bert-base", device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
-ceil = get_ceilings("cuda", progress=False)
-step = Step(model, (ids,))
+model, ids, step, ceil = bert_base_inference()
 
 
 def eager_ms(n=20):

@@ -7,16 +7,12 @@ import sys
 import time
 from collections import defaultdict
 
-import torch
 import torch.autograd.profiler as aprof
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import brrr  # noqa: E402,F401
 from analyze_overhead import timed_analysis  # noqa: E402
-from brrr.analyze.step import Step  # noqa: E402
-from brrr.examples import build_example  # noqa: E402
-from brrr.cost.device import get_ceilings  # noqa: E402
-from probe_common import median_ms  # noqa: E402
+from probe_common import bert_base_inference, median_ms  # noqa: E402
 
 kineto = defaultdict(list)
 for name in ("_prepare_profiler", "_enable_profiler", "_disable_profiler"):
@@ -30,9 +26,7 @@ for name in ("_prepare_profiler", "_enable_profiler", "_disable_profiler"):
             kineto[_name].append(time.perf_counter() - t0)
     setattr(aprof, name, timed)
 
-model, (ids,) = build_example("bert-base", device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
-ceil = get_ceilings("cuda", progress=False)
-step = Step(model, (ids,))
+model, ids, step, ceil = bert_base_inference()
 
 
 def eager_ms(n=10):

@@ -9,14 +9,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import brrr  # noqa: E402
-from brrr.analyze.step import Step  # noqa: E402
-from brrr.examples import build_example  # noqa: E402
-from brrr.cost.device import get_ceilings  # noqa: E402
-from probe_common import median_ms  # noqa: E402
+from probe_common import bert_base_inference, median_ms  # noqa: E402
 
-model, (ids,) = build_example("bert-base", device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
-ceil = get_ceilings("cuda", progress=False)
-step = Step(model, (ids,))
+model, ids, step, ceil = bert_base_inference()
 x = torch.randn(1024, device="cuda")
 
 
