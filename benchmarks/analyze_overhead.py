@@ -53,7 +53,6 @@ class StageClock:
     """Wraps the functions `analyze` calls (by name, in brrr.analyze's namespace) to sum their seconds."""
 
     WRAPPED = {  # name in brrr.analyze -> stage
-        "time_once": "warm-up step",
         "capture": "capture (traced step)",  # before the capture was split in two
         "record_step": "capture (traced step)",
         "trace_names": "extra profiled steps",

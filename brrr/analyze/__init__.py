@@ -10,6 +10,7 @@ The pipeline, one module per stage:
 """
 
 import statistics
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -23,7 +24,7 @@ from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, o
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
 STAGES = ("ceilings", "capture", "profile", "wall time", "classify")
-WALL_RUNS = 2  # plain steps timed for the wall time (the faster): the warm-up step and one more
+WALL_RUNS = 2  # plain steps timed for the wall time when a warm-up must come first: the faster of the two
 
 
 @contextmanager
@@ -54,6 +55,47 @@ def _tf32_enabled(device):
     return device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
 
 
+def _tunable_gemms():
+    try:
+        return torch.cuda.tunable.is_enabled()
+    except (AttributeError, RuntimeError):  # a torch without TunableOp, or a CPU build
+        return False
+
+
+def trace_first(device, model):
+    """Whether the traced step may come first and be the warm-up, so that one plain step after it gives the
+    wall time; otherwise plain steps run first (the warm-up among them) and the traced step after them.
+
+    A first call is slow in two ways. On the host (lazy CUDA module loads, allocator growth, cuBLAS handles,
+    Python caches), which lengthens host time only: on CUDA the traced step reports kernel durations, so it
+    may run cold. On the device, when a first call tries candidate kernels inside the step: torch.compile's
+    autotuning, cuDNN's benchmark mode, TunableOp. Those models warm up first. (Compiled code met inside an
+    eager model shows as kernels outside every ATen op; analyze then traces a second, warm time.) On CPU op
+    times are host times, so the warm-up always comes first.
+    """
+    if device.type != "cuda" or _holds_compiled_code(model):
+        return False
+    compiled = getattr(model, "_orig_mod", None) is not None  # torch.compile's OptimizedModule
+    return not (compiled or torch.backends.cudnn.benchmark or _tunable_gemms())
+
+
+_COMPILED_INSIDE = weakref.WeakSet()  # models whose traced step met compiled code: they warm up first from then on
+
+
+def _holds_compiled_code(model):
+    try:
+        return model in _COMPILED_INSIDE
+    except TypeError:  # a callable that takes no weak reference
+        return False
+
+
+def _remember_compiled_code(model):
+    try:
+        _COMPILED_INSIDE.add(model)
+    except TypeError:
+        pass
+
+
 def _profiled_times(prof, count, device):
     """(per-op seconds, busy seconds or None, kernels launched outside every op) of one profiled tracer run."""
     if device.type == "cuda":
@@ -61,6 +103,14 @@ def _profiled_times(prof, count, device):
         if fast is not None:
             return fast
     return op_times(prof, count, device), None, []
+
+
+def _traced_run(step, device):
+    """One step under the tracer and the profiler: (its Trace, per-op seconds, busy seconds, outside kernels)."""
+    # on CUDA only ops that launch kernels need a range: views and metadata ops take no device time
+    with profiled(device) as prof:
+        trace = record_step(step, range_kernel_free_ops=device.type != "cuda")
+    return (trace, *_profiled_times(prof, len(trace.raw), device))
 
 
 def _kernel_records(outside, records):
@@ -92,23 +142,28 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         from brrr.cost.device import get_ceilings
 
         ceilings = get_ceilings(device, progress=progress)  # before our bar: rich allows one live display
+    first = trace_first(device, model)
     with _stage_bar(progress) as stage:
         stage("capture")
-        # the plain steps that give the wall time (the faster of WALL_RUNS) run first and back to back; the
-        # first is also the warm-up: compiles, autotuning, lazy initialization and a model that raises all
-        # happen outside the traced step
-        wall = wall_time(step, device, warmup=0, min_runs=WALL_RUNS, max_runs=WALL_RUNS)
-        with profiled(device) as prof:
-            trace = record_step(step)
+        if not first:
+            # the plain steps that give the wall time run first and back to back; the first is also the
+            # warm-up: compiles, autotuning, lazy initialization and a model that raises all happen outside
+            # the traced step
+            wall = wall_time(step, device, runs=WALL_RUNS)
+        trace, times, busy, outside = _traced_run(step, device)
+        if first and outside:
+            # kernels outside every ATen op come from compiled code, whose first call may have compiled or
+            # autotuned inside the traced step (candidate kernels would count as the step's): trace again, warm
+            _remember_compiled_code(model)
+            trace, times, busy, outside = _traced_run(step, device)
         records = trace.records()  # priced and linked once the profiler has stopped
         names = [r.name for r in records]
-        times, busy, outside = _profiled_times(prof, len(records), device)
         runs, busys = [times], [busy]
 
         stage("profile")
         for _ in range(profile_runs - 1):
             with profiled(device) as prof:
-                run_names = trace_names(step)
+                run_names = trace_names(step, range_kernel_free_ops=device.type != "cuda")
             if run_names == names:  # a step whose ops differ run to run keeps only the captured timing
                 times, busy, _ = _profiled_times(prof, len(records), device)
                 runs.append(times)
@@ -118,6 +173,8 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         records += _kernel_records(outside, records)
 
         stage("wall time")
+        if first:
+            wall = wall_time(step, device)  # warm: the traced step ran every op before it
         if None in busys:
             busy = device_busy_time(step, device)
         else:

@@ -16,7 +16,9 @@ Modules: in forward, a stack kept by global module hooks; in backward, the modul
 autograd node is running (matched by the node's sequence number), else "<backward>".
 
 With `mark_ranges=True` each op runs inside a profiler range `brrr#<index>`, so a profiler around the step
-can attribute host time and the device kernels an op launched to that op's record (see timing.py).
+can attribute host time and the device kernels an op launched to that op's record (see timing.py). When only
+device time is wanted (CUDA), ops that can't launch a kernel (views, metadata) go without a range: two thirds
+of BERT's ops, each range costing a few microseconds in the step and one more event to read.
 """
 
 import functools
@@ -31,7 +33,7 @@ from torch._ops import OpOverload
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from brrr.cost.ops import OpCost, nbytes_touched, op_cost, tensors_in, written_arguments
+from brrr.cost.ops import OpCost, launches_no_kernel, nbytes_touched, op_cost, tensors_in, written_arguments
 
 RANGE_PREFIX = "brrr#"
 STEP_RANGE = "brrr-step"  # around the whole traced step: kernels launched in it but outside every op range
@@ -357,9 +359,10 @@ class OpTracer(TorchDispatchMode):
         # (`_skip_in_dynamo`) does the tracer go without that wrapper.
         return not _CAN_SKIP_CODE
 
-    def __init__(self, model=None, record_costs=True, mark_ranges=False):
+    def __init__(self, model=None, record_costs=True, mark_ranges=False, range_kernel_free_ops=True):
         super().__init__()
         self.record_costs, self.mark_ranges = record_costs, mark_ranges
+        self.range_kernel_free_ops = range_kernel_free_ops
         self.funcs, self.raw = [], []
         self.modules, self.backward_modules = ModuleStack(model), BackwardModules(model)
 
@@ -393,7 +396,7 @@ class OpTracer(TorchDispatchMode):
         index = len(self.funcs)
         self.funcs.append(func)
         run = func._op if type(func) is OpOverload else func  # the C++ entry OpOverload.__call__ forwards to
-        if self.mark_ranges:
+        if self.mark_ranges and (self.range_kernel_free_ops or not launches_no_kernel(func)):
             _record_functions(True)
             with _op_range(RANGE_PREFIX + str(index)):
                 # the range is all timing needs: the ATen op (and what it calls) runs unrecorded inside it;
@@ -429,7 +432,23 @@ class OpTracer(TorchDispatchMode):
         return module, "forward"
 
 
-_PRICES = {}        # signature -> OpCost, kept across analyses in the process (a model analyzed twice, eager
+class _Priced(NamedTuple):
+    """The parts of an OpRecord that follow from its call's signature: a 12-layer model repeats each."""
+
+    cost: OpCost
+    name: str
+    dtype: torch.dtype | None
+    input_shapes: tuple
+    input_dtypes: tuple
+
+    @classmethod
+    def of(cls, op):
+        metas = op.metas
+        return cls(_price(op), _op_name(op.func), _first_float_dtype(op), tuple(tuple(metas[g][0]) for g in op.inputs),
+                   tuple(_dtype_name(metas[g][2]) for g in op.inputs))
+
+
+_PRICES = {}        # signature -> _Priced, kept across analyses in the process (a model analyzed twice, eager
 _MAX_PRICES = 50000  # then compiled, or per batch size, reprices nothing it has seen)
 
 
@@ -450,7 +469,7 @@ class Trace:
         prices, records, self._writer = _known_prices(), [], {}
         with gc_paused():  # as in the step: ~2 OpRecord lists per op would set off collections (a full one: ~0.2 s)
             for index, op in enumerate(self.raw):
-                records.append(self._record(index, op, self._cost(op, prices)))
+                records.append(self._record(index, op, self._priced(op, prices)))
                 self._link(records, op)
         for key in self.result_keys:
             writer = self._writer.get(key)
@@ -459,24 +478,24 @@ class Trace:
         return records
 
     @staticmethod
-    def _cost(op, prices):
+    def _priced(op, prices):
+        """What a record takes from its call's signature alone (_Priced), memoized per signature."""
         try:
             key = op.signature()
-            cost = prices.get(key)
+            priced = prices.get(key)
         except TypeError:  # an unhashable argument: price this call on its own
-            return _price(op)
-        if cost is None:
-            cost = prices[key] = _price(op)
-        return cost
+            return _Priced.of(op)
+        if priced is None:
+            priced = prices[key] = _Priced.of(op)
+        return priced
 
     @staticmethod
-    def _record(index, op, cost):
-        metas = op.metas
+    def _record(index, op, priced):
+        cost = priced.cost
         return OpRecord(
-            index=index, name=_op_name(op.func), phase=op.phase, module=op.module or OUTSIDE_MODEL[op.phase],
+            index=index, name=priced.name, phase=op.phase, module=op.module or OUTSIDE_MODEL[op.phase],
             op_class=cost.op_class, flops=cost.flops, bytes_read=cost.bytes_read, bytes_written=cost.bytes_written,
-            dtype=_first_float_dtype(op), input_shapes=[tuple(metas[g][0]) for g in op.inputs],
-            input_dtypes=[_dtype_name(metas[g][2]) for g in op.inputs],
+            dtype=priced.dtype, input_shapes=list(priced.input_shapes), input_dtypes=list(priced.input_dtypes),
         )
 
     def _link(self, records, op):
@@ -524,10 +543,12 @@ def _step_range(mark):
     return _op_range(STEP_RANGE) if mark else nullcontext()
 
 
-def record_step(step, mark_ranges=True):
+def record_step(step, mark_ranges=True, range_kernel_free_ops=True):
     """Run `step` once under the tracer; returns its Trace (priced and linked by `.records()`, after the step,
-    so that a profiler around this call sees the step alone)."""
-    tracer = OpTracer(step.model, record_costs=True, mark_ranges=mark_ranges)
+    so that a profiler around this call sees the step alone). range_kernel_free_ops=False: views and
+    metadata ops get no profiler range (device timing only needs the ops that launch kernels)."""
+    tracer = OpTracer(step.model, record_costs=True, mark_ranges=mark_ranges,
+                      range_kernel_free_ops=range_kernel_free_ops)
     with _step_range(mark_ranges), tracer, gc_paused(), warnings.catch_warnings():
         # the module hooks are brrr's, for this step only: torch's warning about them is not the user's concern
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
@@ -541,9 +562,9 @@ def capture(step, mark_ranges=True):
     return record_step(step, mark_ranges).records()
 
 
-def trace_names(step, mark_ranges=True):
+def trace_names(step, mark_ranges=True, range_kernel_free_ops=True):
     """Run `step` once marking ranges only (no pricing); returns the op names, to match against capture."""
-    tracer = OpTracer(record_costs=False, mark_ranges=mark_ranges)
+    tracer = OpTracer(record_costs=False, mark_ranges=mark_ranges, range_kernel_free_ops=range_kernel_free_ops)
     with _step_range(mark_ranges), tracer:
         step()
     return tracer.names

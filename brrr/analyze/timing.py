@@ -4,8 +4,9 @@ Three measurements of the same step:
 - per-op time: the step runs under capture's tracer with a `brrr#<index>` profiler range around each op;
   on CUDA an op's time is the device time of the kernels launched inside its range, on CPU the host time
   of the range.
-- wall time: a plain step (no tracer, no profiler), synchronized: the faster of the warm-up step and one
-  more (analyze), or the median of several runs.
+- wall time: a plain step (no tracer, no profiler), synchronized: one run after the traced step, which was
+  its warm-up; or, where the traced step must itself run warm, the faster of a warm-up run and one more before
+  it (analyze.trace_first says which).
 - device busy time: on CUDA the union of the traced run's kernel intervals (kernels take as long with the
   tracer as without; only the gaps between them grow); on CPU a plain profiled step's summed top-level ATen
   op time. Wall minus busy is time the device waited on the host (overhead).
@@ -96,11 +97,6 @@ def _lean_config():
         return None
 
 
-def _is_launch_call(name):
-    """CUDA runtime/driver calls that launch device work: cudaLaunchKernel, cuLaunchKernelEx, cudaMemcpyAsync..."""
-    return name.startswith("cuda") or (name.startswith("cu") and name[2:3].isupper())
-
-
 def _kineto_events(prof):
     return prof.kineto_results.events()
 
@@ -126,34 +122,36 @@ def cuda_op_times(prof, count):
     (Triton kernels of torch.compile or brrr) rather than by an ATen op: it counts towards the busy time and
     is returned in `outside`, in launch order. Returns None when the launch calls can't be linked to kernels
     (an unexpected profiler version)."""
-    events = _kineto_events(prof)
     ranges, launches, kernels, step = [], {}, [], None
-    for e in events:
-        if e.device_type() == DeviceType.CPU:
+    cpu, prefix, cut = DeviceType.CPU, RANGE_PREFIX, len(RANGE_PREFIX)
+    # one pass over every event of the session with as few accessor calls as it can (~1000 events per
+    # analysis). A launch call is a CUDA runtime or driver call: cudaLaunchKernel, cuLaunchKernelEx, ...
+    for e in _kineto_events(prof):
+        if e.device_type() == cpu:
             name = e.name()
-            if name.startswith(RANGE_PREFIX):
-                ranges.append((e.start_ns(), e.end_ns(), int(name[len(RANGE_PREFIX):])))
-            elif _is_launch_call(name):
+            if name.startswith("cu") and (name[2:4] == "da" or name[2:3].isupper()):
                 launches[e.correlation_id()] = e.start_ns()
+            elif name.startswith(prefix):
+                ranges.append((e.start_ns(), e.end_ns(), int(name[cut:])))
             elif name == STEP_RANGE:
                 step = (e.start_ns(), e.end_ns())
         elif not e.is_user_annotation():
-            kernels.append(e)
+            kernels.append((e.correlation_id(), e.start_ns(), e.end_ns(), e))
     ranges.sort()
     starts = [r[0] for r in ranges]
     times, intervals, outside = [0.0] * count, [], []
-    for k in kernels:
-        launched = launches.get(k.correlation_id())
+    for correlation, start, end, kernel in kernels:
+        launched = launches.get(correlation)
         if launched is None:
             continue
         j = bisect.bisect_right(starts, launched) - 1
         if j >= 0 and launched <= ranges[j][1] and ranges[j][2] < count:
-            times[ranges[j][2]] += k.duration_ns() / 1e9
+            times[ranges[j][2]] += (end - start) / 1e9
         elif step is not None and step[0] <= launched <= step[1]:
-            outside.append((launched, k.name(), k.duration_ns() / 1e9, ranges[j][2] if j >= 0 else -1))
+            outside.append((launched, kernel.name(), (end - start) / 1e9, ranges[j][2] if j >= 0 else -1))
         else:
             continue  # the profiler's own warm-up op
-        intervals.append((k.start_ns(), k.end_ns()))
+        intervals.append((start, end))
     if kernels and not intervals:
         return None
     outside.sort()
@@ -197,17 +195,10 @@ def median_times(runs):
     return [statistics.median(values) for values in zip(*runs)]
 
 
-def wall_time(step, device, warmup=1, min_runs=3, max_runs=10, budget_s=0.2, samples=()):
-    """Median seconds of a plain step (the faster of two when only two run), as many runs as fit in
-    `budget_s` (within [min_runs, max_runs]); `samples` already taken count towards the runs."""
-    for _ in range(warmup):
-        step()
-    samples = list(samples)
-    deadline = time.perf_counter() + budget_s
-    while len(samples) < min_runs or (len(samples) < max_runs and time.perf_counter() < deadline):
-        samples.append(time_once(step, device))
-    # a median needs three samples to reject one slow run; of two, the faster (the slow one is a first call)
-    return statistics.median(samples) if len(samples) >= 3 else min(samples)
+def wall_time(step, device, runs=1):
+    """Seconds of a plain step (no tracer, no profiler), synchronized on both sides: the fastest of `runs`
+    back-to-back runs (when the first is also the warm-up, the later ones are the warm measurement)."""
+    return min(time_once(step, device) for _ in range(runs))
 
 
 def union_seconds(intervals):

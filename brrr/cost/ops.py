@@ -55,6 +55,13 @@ ZERO_BYTE_OPS = _names(
     "sym_numel", "sym_storage_offset", "_local_scalar_dense", "is_same_size", "_has_compatible_shallow_copy_type",
 )
 
+# Ops that launch no device work at all (metadata only). The empty* allocations move no bytes but stay out:
+# under torch.use_deterministic_algorithms they fill the new memory with a kernel.
+KERNEL_FREE_OPS = _names(
+    "_unsafe_view", "_reshape_alias", "view_as_real", "view_as_complex", "sym_size", "sym_stride", "sym_numel",
+    "sym_storage_offset", "is_same_size", "_has_compatible_shallow_copy_type",
+)
+
 CONTRACTION_OPS = _names(
     "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "dot", "vdot", "mv", "addmv", "addbmm", "einsum",
     "convolution", "_convolution", "convolution_backward", "cudnn_convolution", "conv1d", "conv2d", "conv3d",
@@ -132,6 +139,12 @@ def _base_name(func):
 @_per_op
 def _is_view(func):
     return bool(getattr(func, "is_view", False)) or _base_name(func) in ZERO_BYTE_OPS
+
+
+@_per_op
+def launches_no_kernel(func):
+    """True for ops that only make a new view of existing memory or read metadata: no device kernel, ever."""
+    return bool(getattr(func, "is_view", False)) or _base_name(func) in KERNEL_FREE_OPS
 
 
 @_per_op

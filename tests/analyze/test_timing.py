@@ -166,3 +166,18 @@ def test_record_function_is_on_again_after_a_traced_step_that_raised():
     with profiled(cpu) as prof:
         torch.randn(4).relu()
     assert "aten::relu" in [e.name() for e in _kineto_events(prof)]
+
+
+def test_device_timing_puts_no_range_around_ops_that_launch_no_kernel():
+    from brrr.analyze.capture import RANGE_PREFIX, record_step
+    from brrr.analyze.timing import _kineto_events
+
+    step = Step(lambda a: (a.view(64) + 1).unsqueeze(0).relu(), (torch.randn(8, 8),))
+    step()
+    cpu = torch.device("cpu")
+    with profiled(cpu) as prof:
+        records = record_step(step, range_kernel_free_ops=False).records()
+    ranged = {int(e.name()[len(RANGE_PREFIX):]) for e in _kineto_events(prof) if e.name().startswith(RANGE_PREFIX)}
+    assert [r.name for r in records] == [
+        "aten.view.default", "aten.add.Tensor", "aten.unsqueeze.default", "aten.relu.default"]
+    assert ranged == {1, 3}

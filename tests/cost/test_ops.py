@@ -5,7 +5,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from brrr.cost.ops import OpCost, cost_key, nbytes_touched, op_bytes, op_class, op_cost, op_flops
+from brrr.cost.ops import OpCost, cost_key, launches_no_kernel, nbytes_touched, op_bytes, op_class, op_cost, op_flops
 
 aten = torch.ops.aten
 
@@ -164,3 +164,13 @@ def test_cost_key_tells_apart_what_changes_the_cost():
     assert cost_key(aten.mul.Tensor, (x, y.t().contiguous().t()), {}, x * y) != same  # other strides
     assert cost_key(aten.mul.Tensor, (x, y.double()), {}, x * y) != same
     assert cost_key(aten.mul.Tensor, (x, 2), {}, x * 2) != cost_key(aten.mul.Tensor, (x, 2.0), {}, x * 2)
+
+
+def test_only_views_and_metadata_ops_launch_no_kernel():
+    aten = torch.ops.aten
+    assert all(launches_no_kernel(f) for f in (aten.view.default, aten.t.default, aten.expand.default,
+                                              aten._unsafe_view.default, aten.sym_size.int))
+    # allocations fill memory under deterministic mode; copies and reads of a scalar move data
+    assert not any(launches_no_kernel(f) for f in (aten.add.Tensor, aten.empty.memory_format, aten.clone.default,
+                                                  aten.lift_fresh_copy.default, aten._local_scalar_dense.default,
+                                                  aten.add_.Tensor))
