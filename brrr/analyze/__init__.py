@@ -19,7 +19,8 @@ from brrr.analyze.analysis import Analysis
 from brrr.callable_package import make_callable
 from brrr.analyze.capture import OUTSIDE_MODEL, OpRecord, gc_paused, record_step, trace_names
 from brrr.analyze.step import Step, resolve_device
-from brrr.analyze.timing import cuda_op_times, device_busy_time, median_times, op_times, profiled, wall_time
+from brrr.analyze.timing import (cuda_op_times, device_busy_time, dynamo_frames_compiled, median_times, op_times,
+                                 profiled, wall_time)
 
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
@@ -150,10 +151,14 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
             # warm-up: compiles, autotuning, lazy initialization and a model that raises all happen outside
             # the traced step
             wall = wall_time(step, device, runs=WALL_RUNS)
+        compiles = dynamo_frames_compiled()
         trace, times, busy, outside = _traced_run(step, device)
-        if first and outside:
-            # kernels outside every ATen op come from compiled code, whose first call may have compiled or
-            # autotuned inside the traced step (candidate kernels would count as the step's): trace again, warm
+        compiled = dynamo_frames_compiled() != compiles
+        if compiled or (first and outside):
+            # Dynamo compiled in the traced step (even after a warm-up: brrr's module hooks are among what it
+            # guards on), or a cold traced step ran compiled code (kernels outside every ATen op). Compiling
+            # may autotune, and candidate kernels would count as the step's: trace again, warm. Such a model
+            # warms up first from now on.
             _remember_compiled_code(model)
             trace, times, busy, outside = _traced_run(step, device)
         records = trace.records()  # priced and linked once the profiler has stopped

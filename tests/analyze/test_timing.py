@@ -181,3 +181,38 @@ def test_device_timing_puts_no_range_around_ops_that_launch_no_kernel():
     assert [r.name for r in records] == [
         "aten.view.default", "aten.add.Tensor", "aten.unsqueeze.default", "aten.relu.default"]
     assert ranged == {1, 3}
+
+
+def test_a_plain_run_during_which_dynamo_compiled_is_no_wall_time_sample(monkeypatch):
+    import time
+
+    import brrr.analyze.timing as timing
+
+    compiles, runs = [0], []
+
+    def step(seconds):
+        runs.append(seconds)
+        if seconds > 0.02:  # the slow run is the one that compiles
+            compiles[0] += 1
+        time.sleep(seconds)
+
+    monkeypatch.setattr(timing, "dynamo_frames_compiled", lambda: compiles[0])
+    durations = iter([0.05, 0.002])
+    assert timing.wall_time(lambda: step(next(durations)), torch.device("cpu")) < 0.02
+    assert len(runs) == 2
+    # a step that compiles every time is what it is: after two more tries its run counts
+    runs.clear()
+    assert timing.wall_time(lambda: step(0.03), torch.device("cpu")) >= 0.03
+    assert len(runs) == 3
+
+
+def test_dynamo_compiles_are_counted():
+    from brrr.analyze.timing import dynamo_frames_compiled
+
+    fn = torch.compile(lambda a: a.sin() + 1, backend="eager")
+    before = dynamo_frames_compiled()
+    fn(torch.randn(3))
+    assert dynamo_frames_compiled() > before
+    after = dynamo_frames_compiled()
+    fn(torch.randn(3))
+    assert dynamo_frames_compiled() == after  # a cache hit compiles nothing
