@@ -33,7 +33,8 @@ from torch._ops import OpOverload
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from brrr.cost.ops import OpCost, launches_no_kernel, nbytes_touched, op_cost, tensors_in, written_arguments
+from brrr.cost.ops import (OpCost, launches_no_kernel, nbytes_touched, op_class, op_cost, tensors_in,
+                           written_arguments)
 
 RANGE_PREFIX = "brrr#"
 STEP_RANGE = "brrr-step"  # around the whole traced step: kernels launched in it but outside every op range
@@ -169,6 +170,30 @@ class _RawOp(NamedTuple):
     def signature(self):
         """What op_cost depends on: the op, its arguments and every tensor's shape, stride and dtype."""
         return self.func, self.args, self.kwargs, self.out, self.metas
+
+
+class _ViewOp(NamedTuple):
+    """What the tracer notes about an op that launches no kernel (a view, a metadata read): it moves nothing
+    and writes nothing, so its inputs' shapes and dtypes are all its record needs (links pass through views)."""
+
+    func: object
+    shapes: tuple               # per input tensor, args then kwargs, repeats included
+    dtypes: tuple
+    module: str | None
+    phase: str
+
+    def signature(self):
+        return self.func, self.shapes, self.dtypes
+
+
+def _input_tensors(values, found):
+    """Append the tensors among `values` (arguments, one list level deep) to `found`."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)) and v and type(v[0]) is not int:
+            found.extend(t for t in v if isinstance(t, torch.Tensor))
+    return found
 
 
 def _groups_in(frozen):
@@ -410,6 +435,12 @@ class OpTracer(TorchDispatchMode):
         return out
 
     def _note(self, func, args, kwargs, out):
+        if launches_no_kernel(func):  # two thirds of a transformer's ops: the short note
+            tensors = _input_tensors(kwargs.values(), _input_tensors(args, [])) if kwargs else _input_tensors(args, [])
+            module, phase = self._module_and_phase(out)
+            self.raw.append(tuple.__new__(_ViewOp, (func, tuple([t.shape for t in tensors]),
+                                                    tuple([t.dtype for t in tensors]), module, phase)))
+            return
         call = _Call()
         frozen_args = call.sequence(args)  # args always come as a tuple
         arg_inputs = len(call.found)
@@ -443,6 +474,10 @@ class _Priced(NamedTuple):
 
     @classmethod
     def of(cls, op):
+        if type(op) is _ViewOp:
+            dtype = next((d for d in op.dtypes if d.is_floating_point), None)
+            return cls(OpCost(0, 0, 0, op_class(op.func)), _op_name(op.func), dtype,
+                       tuple(tuple(shape) for shape in op.shapes), tuple(_dtype_name(d) for d in op.dtypes))
         metas = op.metas
         return cls(_price(op), _op_name(op.func), _first_float_dtype(op), tuple(tuple(metas[g][0]) for g in op.inputs),
                    tuple(_dtype_name(metas[g][2]) for g in op.inputs))
@@ -470,7 +505,8 @@ class Trace:
         with gc_paused():  # as in the step: ~2 OpRecord lists per op would set off collections (a full one: ~0.2 s)
             for index, op in enumerate(self.raw):
                 records.append(self._record(index, op, self._priced(op, prices)))
-                self._link(records, op)
+                if type(op) is _RawOp:  # a view passes its inputs' producers through: nothing to link
+                    self._link(records, op)
         for key in self.result_keys:
             writer = self._writer.get(key)
             if writer is not None:

@@ -56,6 +56,9 @@ def place_ops(records, ceilings):
         if r.kernel:
             r.roofline_time_s, r.regime = 0.0, compiled_kernel_regime(r.time_s, ceilings.launch_latency)
             continue
+        if not (r.flops or r.bytes_read or r.bytes_written):  # views, metadata, empty tensors: no roof at all
+            r.roofline_time_s, r.regime = 0.0, "overhead"
+            continue
         work = (r.flops, r.bytes, r.dtype, r.contraction)
         roofs = floors.get(work)
         if roofs is None:
