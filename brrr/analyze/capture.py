@@ -43,6 +43,7 @@ STEP_RANGE = "brrr-step"  # around the whole traced step: kernels launched in it
 _op_range = torch._C._profiler._RecordFunctionFast
 _record_functions = torch.autograd._enable_record_function
 _graph_task_id = torch._C._current_graph_task_id
+_grad_enabled = torch.is_grad_enabled
 OUTSIDE_MODEL = {"forward": "<step>", "backward": "<backward>"}
 _TENSOR = object()  # a recorded argument (_TENSOR, group) stands for the op's tensor number `group`
 
@@ -194,6 +195,18 @@ def _input_tensors(values, found):
         elif isinstance(v, (list, tuple)) and v and type(v[0]) is not int:
             found.extend(t for t in v if isinstance(t, torch.Tensor))
     return found
+
+
+def _plain(values):
+    """True when no tensor can be among `values`: ints, floats, bools, None, or lists of ints."""
+    for v in values:
+        t = type(v)
+        if t is list or t is tuple:
+            if v and type(v[0]) is not int:
+                return False
+        elif t is not int and t is not float and t is not bool and v is not None:
+            return False
+    return True
 
 
 def _groups_in(frozen):
@@ -436,10 +449,15 @@ class OpTracer(TorchDispatchMode):
 
     def _note(self, func, args, kwargs, out):
         if launches_no_kernel(func):  # two thirds of a transformer's ops: the short note
-            tensors = _input_tensors(kwargs.values(), _input_tensors(args, [])) if kwargs else _input_tensors(args, [])
+            first = args[0] if args else None
+            if type(first) is not torch.Tensor or len(args) > 1 and not _plain(args[1:]) or kwargs:
+                tensors = _input_tensors(kwargs.values(), _input_tensors(args, [])) if kwargs else \
+                    _input_tensors(args, [])
+                shapes, dtypes = tuple([t.shape for t in tensors]), tuple([t.dtype for t in tensors])
+            else:  # the usual view: one tensor, then sizes or dims
+                shapes, dtypes = (first.shape,), (first.dtype,)
             module, phase = self._module_and_phase(out)
-            self.raw.append(tuple.__new__(_ViewOp, (func, tuple([t.shape for t in tensors]),
-                                                    tuple([t.dtype for t in tensors]), module, phase)))
+            self.raw.append(tuple.__new__(_ViewOp, (func, shapes, dtypes, module, phase)))
             return
         call = _Call()
         frozen_args = call.sequence(args)  # args always come as a tuple
@@ -458,8 +476,10 @@ class OpTracer(TorchDispatchMode):
             backward.resolve_pending()
         if _graph_task_id() != -1:
             return backward.module_of_running_node(), "backward"
-        module = self.modules.current()
-        backward.note_forward(out, module)
+        stack = self.modules.stack  # ModuleStack.current and BackwardModules.note_forward, inline (per op)
+        module = stack[-1] if stack else None
+        if module is not None and _grad_enabled():
+            backward.note_forward(out, module)
         return module, "forward"
 
 
@@ -528,11 +548,11 @@ class Trace:
     @staticmethod
     def _record(index, op, priced):
         cost = priced.cost
-        return OpRecord(
-            index=index, name=priced.name, phase=op.phase, module=op.module or OUTSIDE_MODEL[op.phase],
-            op_class=cost.op_class, flops=cost.flops, bytes_read=cost.bytes_read, bytes_written=cost.bytes_written,
-            dtype=priced.dtype, input_shapes=list(priced.input_shapes), input_dtypes=list(priced.input_dtypes),
-        )
+        # positional, in OpRecord's field order (index, name, module, phase, op_class, flops, bytes_read,
+        # bytes_written, dtype, input_shapes, input_dtypes): half the cost of keywords, once per op
+        return OpRecord(index, priced.name, op.module or OUTSIDE_MODEL[op.phase], op.phase, cost.op_class, cost.flops,
+                        cost.bytes_read, cost.bytes_written, priced.dtype, list(priced.input_shapes),
+                        list(priced.input_dtypes))
 
     def _link(self, records, op):
         """Link the op's inputs to their producers, then note what it wrote (see the module docstring)."""

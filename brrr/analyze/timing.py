@@ -193,6 +193,8 @@ def cpu_op_times(prof, count):
 
 def median_times(runs):
     """Element-wise median over equally long lists of per-op times."""
+    if len(runs) == 1:
+        return list(runs[0])
     return [statistics.median(values) for values in zip(*runs)]
 
 
