@@ -71,8 +71,8 @@ def trace_first(device, model):
     Python caches), which lengthens host time only: on CUDA the traced step reports kernel durations, so it
     may run cold. On the device, when a first call tries candidate kernels inside the step: torch.compile's
     autotuning, cuDNN's benchmark mode, TunableOp. Those models warm up first. (Compiled code met inside an
-    eager model shows as kernels outside every ATen op; analyze then traces a second, warm time.) On CPU op
-    times are host times, so the warm-up always comes first.
+    eager model shows as a Dynamo compile or as kernels outside every ATen op; analyze then traces a second,
+    warm time, and remembers the model.) On CPU op times are host times, so the warm-up always comes first.
     """
     if device.type != "cuda" or _holds_compiled_code(model):
         return False

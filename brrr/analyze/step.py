@@ -49,8 +49,10 @@ class Step:
         if len(inputs) == 0:
             raise BrrrError("analyze needs at least one example input: analyze(model, x, ...)")
         self.model, self.inputs, self.train = model, tuple(inputs), train
-        params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
-        self.grad_leaves = params + [t for t in tensors_in(self.inputs) if t.requires_grad and t.is_leaf]
+        self.grad_leaves = []  # what backward writes .grad of: parameters and leaf inputs (training only)
+        if train:
+            params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+            self.grad_leaves = params + [t for t in tensors_in(self.inputs) if t.requires_grad and t.is_leaf]
         self.output = None
 
     def __call__(self):
