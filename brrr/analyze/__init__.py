@@ -10,7 +10,6 @@ The pipeline, one module per stage:
 """
 
 import statistics
-import weakref
 from contextlib import contextmanager
 
 import torch
@@ -25,7 +24,7 @@ from brrr.analyze.timing import (cuda_op_times, device_busy_time, dynamo_frames_
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
 STAGES = ("ceilings", "capture", "profile", "wall time", "classify")
-WALL_RUNS = 2  # plain steps timed for the wall time when a warm-up must come first: the faster of the two
+WALL_RUNS = 2  # plain steps timed for the wall time (the faster): the warm-up step and one more
 
 
 @contextmanager
@@ -54,47 +53,6 @@ def _tf32_enabled(device):
     if torch.get_float32_matmul_precision() != "highest":
         return True
     return device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
-
-
-def _tunable_gemms():
-    try:
-        return torch.cuda.tunable.is_enabled()
-    except (AttributeError, RuntimeError):  # a torch without TunableOp, or a CPU build
-        return False
-
-
-def trace_first(device, model):
-    """Whether the traced step may come first and be the warm-up, so that one plain step after it gives the
-    wall time; otherwise plain steps run first (the warm-up among them) and the traced step after them.
-
-    A first call is slow in two ways. On the host (lazy CUDA module loads, allocator growth, cuBLAS handles,
-    Python caches), which lengthens host time only: on CUDA the traced step reports kernel durations, so it
-    may run cold. On the device, when a first call tries candidate kernels inside the step: torch.compile's
-    autotuning, cuDNN's benchmark mode, TunableOp. Those models warm up first. (Compiled code met inside an
-    eager model shows as a Dynamo compile or as kernels outside every ATen op; analyze then traces a second,
-    warm time, and remembers the model.) On CPU op times are host times, so the warm-up always comes first.
-    """
-    if device.type != "cuda" or _holds_compiled_code(model):
-        return False
-    compiled = getattr(model, "_orig_mod", None) is not None  # torch.compile's OptimizedModule
-    return not (compiled or torch.backends.cudnn.benchmark or _tunable_gemms())
-
-
-_COMPILED_INSIDE = weakref.WeakSet()  # models whose traced step met compiled code: they warm up first from then on
-
-
-def _holds_compiled_code(model):
-    try:
-        return model in _COMPILED_INSIDE
-    except TypeError:  # a callable that takes no weak reference
-        return False
-
-
-def _remember_compiled_code(model):
-    try:
-        _COMPILED_INSIDE.add(model)
-    except TypeError:
-        pass
 
 
 def _profiled_times(prof, count, device):
@@ -143,23 +101,19 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         from brrr.cost.device import get_ceilings
 
         ceilings = get_ceilings(device, progress=progress)  # before our bar: rich allows one live display
-    first = trace_first(device, model)
     with _stage_bar(progress) as stage:
         stage("capture")
-        if not first:
-            # the plain steps that give the wall time run first and back to back; the first is also the
-            # warm-up: compiles, autotuning, lazy initialization and a model that raises all happen outside
-            # the traced step
-            wall = wall_time(step, device, runs=WALL_RUNS)
+        # the plain steps that give the wall time run first and back to back; the first is also the warm-up:
+        # compiles, autotuning, lazy initialization and a model that raises all happen outside the traced
+        # step. They run before it, not after: a plain step right after a CUPTI session ran 5-10% slow on the
+        # H100 (session 5, probe 6), which would read as overhead.
+        wall = wall_time(step, device, runs=WALL_RUNS)
         compiles = dynamo_frames_compiled()
         trace, times, busy, outside = _traced_run(step, device)
-        compiled = dynamo_frames_compiled() != compiles
-        if compiled or (first and outside):
-            # Dynamo compiled in the traced step (even after a warm-up: brrr's module hooks are among what it
-            # guards on), or a cold traced step ran compiled code (kernels outside every ATen op). Compiling
-            # may autotune, and candidate kernels would count as the step's: trace again, warm. Such a model
-            # warms up first from now on.
-            _remember_compiled_code(model)
+        if dynamo_frames_compiled() != compiles:
+            # Dynamo compiled in the traced step, warm-up or not: brrr's global module hooks are among what it
+            # guards on, so a compiled model's first traced step recompiles. Compiling may autotune, and
+            # candidate kernels would count as the step's: trace again, warm.
             trace, times, busy, outside = _traced_run(step, device)
         records = trace.records()  # priced and linked once the profiler has stopped
         names = [r.name for r in records]
@@ -178,8 +132,6 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         records += _kernel_records(outside, records)
 
         stage("wall time")
-        if first:
-            wall = wall_time(step, device)  # warm: the traced step ran every op before it
         if None in busys:
             busy = device_busy_time(step, device)
         else:

@@ -4,9 +4,8 @@ Three measurements of the same step:
 - per-op time: the step runs under capture's tracer with a `brrr#<index>` profiler range around each op;
   on CUDA an op's time is the device time of the kernels launched inside its range, on CPU the host time
   of the range.
-- wall time: a plain step (no tracer, no profiler), synchronized: one run after the traced step, which was
-  its warm-up; or, where the traced step must itself run warm, the faster of a warm-up run and one more before
-  it (analyze.trace_first says which).
+- wall time: a plain step (no tracer, no profiler), synchronized: the faster of the warm-up step and one
+  more, both before the traced step (a plain step right after a CUPTI session runs slow for a while).
 - device busy time: on CUDA the union of the traced run's kernel intervals (kernels take as long with the
   tracer as without; only the gaps between them grow); on CPU a plain profiled step's summed top-level ATen
   op time. Wall minus busy is time the device waited on the host (overhead).
@@ -211,8 +210,8 @@ def dynamo_frames_compiled():
 def wall_time(step, device, runs=1, recompiles=2):
     """Seconds of a plain step (no tracer, no profiler), synchronized on both sides: the fastest of `runs`
     back-to-back runs. A run during which Dynamo compiled doesn't count and another takes its place (up to
-    `recompiles` times): a compiled model's first plain call after the traced step recompiles, since the
-    tracer's global module hooks are among what Dynamo guards on."""
+    `recompiles` times): a compiled model's first call compiles, and so does its first plain call after an
+    analysis, since the tracer's global module hooks are among what Dynamo guards on."""
     samples, skipped = [], 0
     while len(samples) < runs:
         before = dynamo_frames_compiled()
