@@ -1,4 +1,5 @@
-"""Session-5 probe: the traced step first (then one plain wall-time step) against the warm-up-first order.
+"""Session-5 probe (results: ...-analyze-order-session5-probe{1,3,5}.log):
+the traced step first (then one plain wall-time step) against the warm-up-first order.
 
 1. Analysis cost of BERT-base bf16 8x512, both orders interleaved in one process (the lent hosts drift), each
    analysis between two eager measurements; stage medians per order.
@@ -8,6 +9,10 @@
 4. An eager model holding a torch.compile'd submodule: the cold traced step meets compiled kernels, so analyze
    traces again; the kernel records of that analysis against a warm one.
 Prints everything and writes session5-probe.json under $OUT.
+
+It needs the trace-first analyze of commits 2eef702..0921df3 (`brrr.analyze.trace_first`); probe 6
+(session5_probe3.py) then showed the one plain step after the traced step reading 5-10% slow, and analyze
+went back to timing the wall before the traced step, so on later commits this script stops at once.
 """
 import json
 import os
@@ -142,6 +147,8 @@ def compiled_submodule(results):
 
 
 def main():
+    if not hasattr(package, "trace_first"):
+        sys.exit("session5_probe.py compares the trace-first order of commits 2eef702..0921df3; this analyze has none")
     package.__dict__["_real_trace_first"] = package.trace_first
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cost": {}}
     import triton

@@ -1,4 +1,5 @@
-"""Session-5 probe 2: where the traced step's extra time goes now (views without ranges, the short view note),
+"""Session-5 probe (results: ...-analyze-cost-parts-session5-probe4.log):
+where the traced step's extra time goes now (views without ranges, the short view note),
 and the profiler session's fixed cost, on BERT-base bf16 8x512 inference.
 
 Each tracer variant is timed (median of 10 synchronized steps, interleaved) outside and inside one profiler

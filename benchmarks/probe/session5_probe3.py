@@ -1,4 +1,5 @@
-"""Session-5 probe 3: is the first plain step after a traced step slower than the next one, and why?
+"""Session-5 probe (results: ...-wall-after-cupti-session5-probe6.log):
+is the first plain step after a traced step slower than the next one, and why?
 
 In trace-first analyses the single wall-time step read 5-10% above the eager median on a steady host. Each
 variant runs something, then two plain steps (a, b), interleaved over 12 rounds on BERT-base bf16 8x512:
