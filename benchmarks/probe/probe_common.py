@@ -6,6 +6,7 @@ import os
 import pstats
 import statistics
 import time
+from collections import defaultdict
 
 import torch
 
@@ -67,3 +68,22 @@ def bert_base_inference():
 
     model, (ids,) = build_example("bert-base", device="cuda", dtype=torch.bfloat16, batch=8, seq=512)
     return model, ids, Step(model, (ids,)), get_ceilings("cuda", progress=False)
+
+
+def time_kineto_calls(into=None):
+    """Wrap Kineto's prepare / enable / disable calls (as torch.autograd.profiler calls them) so that each call's
+    milliseconds are appended to into[name]; returns `into` (a defaultdict(list) by default)."""
+    import torch.autograd.profiler as aprof
+
+    into = defaultdict(list) if into is None else into
+    for name in ("_prepare_profiler", "_enable_profiler", "_disable_profiler"):
+        fn = getattr(aprof, name)
+
+        def timed(*a, _fn=fn, _name=name, **k):
+            start = time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                into[_name].append((time.perf_counter() - start) * 1e3)
+        setattr(aprof, name, timed)
+    return into

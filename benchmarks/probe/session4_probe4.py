@@ -4,27 +4,15 @@ Run twice: TEARDOWN_CUPTI unset (brrr sets 1) and TEARDOWN_CUPTI=0."""
 import os
 import statistics
 import sys
-import time
 from collections import defaultdict
 
-import torch.autograd.profiler as aprof
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import brrr  # noqa: E402,F401
 from analyze_overhead import timed_analysis  # noqa: E402
-from probe_common import bert_base_inference, median_ms  # noqa: E402
+from probe_common import bert_base_inference, median_ms, time_kineto_calls  # noqa: E402
 
-kineto = defaultdict(list)
-for name in ("_prepare_profiler", "_enable_profiler", "_disable_profiler"):
-    fn = getattr(aprof, name)
-
-    def timed(*a, _fn=fn, _name=name, **k):
-        t0 = time.perf_counter()
-        try:
-            return _fn(*a, **k)
-        finally:
-            kineto[_name].append(time.perf_counter() - t0)
-    setattr(aprof, name, timed)
+kineto = time_kineto_calls()  # milliseconds per call
 
 model, ids, step, ceil = bert_base_inference()
 
@@ -51,5 +39,5 @@ for i in range(12):
 print(f"{tag} median over analyses 1-11: {statistics.median(totals):.1f} ms, ratio {statistics.median(ratios):.1f}x "
       f"(min {min(ratios):.1f}, max {max(ratios):.1f})")
 print(tag, "stage medians (ms):", {k: round(statistics.median(v), 1) for k, v in stages.items()})
-print(tag, "kineto medians (ms):", {k: round(statistics.median(v[1:]) * 1e3, 2) for k, v in kineto.items()},
-      "first:", {k: round(v[0] * 1e3, 1) for k, v in kineto.items()}, flush=True)
+print(tag, "kineto medians (ms):", {k: round(statistics.median(v[1:]), 2) for k, v in kineto.items()},
+      "first:", {k: round(v[0], 1) for k, v in kineto.items()}, flush=True)

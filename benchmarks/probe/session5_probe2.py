@@ -13,7 +13,6 @@ import time
 from collections import defaultdict
 
 import torch
-import torch.autograd.profiler as aprof
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
@@ -21,7 +20,7 @@ sys.path.insert(0, HERE)
 import brrr  # noqa: E402,F401
 from brrr.analyze.capture import OpTracer, gc_paused, record_step  # noqa: E402
 from brrr.analyze.timing import profiled  # noqa: E402
-from probe_common import bert_base_inference  # noqa: E402
+from probe_common import bert_base_inference, median_ms, time_kineto_calls  # noqa: E402
 
 model, ids, step, ceil = bert_base_inference()
 device = torch.device("cuda")
@@ -64,14 +63,6 @@ VARIANTS = {"plain": plain, "plain, no record_function": plain_no_record_functio
             "full traced step": full}
 
 
-def timed_ms(fn):
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3
-
-
 for _ in range(3):
     for fn in VARIANTS.values():
         fn()
@@ -82,7 +73,7 @@ for where in ("outside a profiler", "inside one profiler session"):
         session.__enter__()
     for _ in range(10):
         for name, fn in VARIANTS.items():
-            samples[name].append(timed_ms(fn))
+            samples[name].append(median_ms(fn, 1))
     if where.startswith("inside"):
         session.__exit__(None, None, None)
     base = statistics.median(samples["plain"])
@@ -92,17 +83,7 @@ for where in ("outside a profiler", "inside one profiler session"):
         print(f"{name:28s} {ms:7.2f} ms  (+{(ms - base) / 470 * 1e3:5.1f} us/op over plain)", flush=True)
 
 # the profiler session's fixed cost, as analyze opens it
-parts = defaultdict(list)
-for name in ("_prepare_profiler", "_enable_profiler", "_disable_profiler"):
-    fn = getattr(aprof, name)
-
-    def timed(*a, _fn=fn, _name=name, **k):
-        t0 = time.perf_counter()
-        try:
-            return _fn(*a, **k)
-        finally:
-            parts[_name].append((time.perf_counter() - t0) * 1e3)
-    setattr(aprof, name, timed)
+parts = time_kineto_calls()
 for i in range(10):
     t0 = time.perf_counter()
     with profiled(device):

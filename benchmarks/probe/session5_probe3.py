@@ -14,7 +14,6 @@ import gc
 import os
 import statistics
 import sys
-import time
 from collections import defaultdict
 
 import torch
@@ -24,18 +23,10 @@ sys.path.insert(0, HERE)
 import brrr  # noqa: E402,F401
 from brrr.analyze.capture import gc_paused, record_step  # noqa: E402
 from brrr.analyze.timing import profiled  # noqa: E402
-from probe_common import bert_base_inference  # noqa: E402
+from probe_common import bert_base_inference, median_ms  # noqa: E402
 
 model, ids, step, ceil = bert_base_inference()
 device = torch.device("cuda")
-
-
-def timed_ms(fn):
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3
 
 
 def traced():
@@ -74,8 +65,8 @@ for _ in range(12):
     for name, (before, first) in VARIANTS.items():
         if before is not None:
             before()
-        samples[name]["a"].append(timed_ms(first))
-        samples[name]["b"].append(timed_ms(step))
+        samples[name]["a"].append(median_ms(first, 1))
+        samples[name]["b"].append(median_ms(step, 1))
 for name, runs in samples.items():
     a, b = statistics.median(runs["a"]), statistics.median(runs["b"])
     print(f"{name:15s} first plain step {a:6.2f} ms   second {b:6.2f} ms   ({(a / b - 1) * 100:+5.1f}%)", flush=True)

@@ -20,7 +20,6 @@ import bisect
 import os
 import statistics
 import sys
-import time
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import NamedTuple
