@@ -1,5 +1,6 @@
 """Pieces the probes share: brrr compiled with an environment switch set while it compiles (to compare two
-code paths in one process), a cProfile report of a step run n times, and the median time of a step."""
+code paths in one process), a cProfile report of a step run n times, the median and back-to-back time of a
+step, the seed MLP's and a tiny Linear's steps under a backend, BERT-base inference, Kineto call timing."""
 import cProfile
 import io
 import os
@@ -11,6 +12,7 @@ from collections import defaultdict
 import torch
 
 from brrr.compile.backend import brrr_backend
+from brrr.examples import mlp
 
 
 def brrr_with_env(name, **env):
@@ -87,3 +89,77 @@ def time_kineto_calls(into=None):
                 into[_name].append((time.perf_counter() - start) * 1e3)
         setattr(aprof, name, timed)
     return into
+
+
+def back_to_back_s(step, n=200, warmup=5, reps=1):
+    """Seconds per call of `step` run n times back to back (after `warmup` calls), synchronized at both ends;
+    the best of `reps` such runs."""
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    best = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+        best.append((time.perf_counter() - start) / n)
+    return min(best)
+
+
+def compiled(fn, backend):
+    """`fn` under torch.compile with `backend` after a Dynamo reset; `fn` itself for backend None (eager)."""
+    torch._dynamo.reset()
+    return fn if backend is None else torch.compile(fn, backend=backend)
+
+
+def tiny_linear_steps(backend):
+    """(train step, inference step) of an 8x8 Linear on a [4, 8] CUDA input under `backend`: fixed host cost."""
+    lin = torch.nn.Linear(8, 8, device="cuda")
+    x = torch.randn(4, 8, device="cuda")
+    fn = compiled(lin, backend)
+
+    def train():
+        lin.weight.grad = lin.bias.grad = None
+        fn(x).sum().backward()
+
+    def infer():
+        with torch.no_grad():
+            fn(x)
+    return train, infer
+
+
+class SeedMLPTrain:
+    """The seed MLP's bf16 train step (batch 16384): gradients reset each step, one fixed cotangent."""
+
+    def __init__(self, batch=16384):
+        self.model, (self.x,) = mlp(device="cuda", dtype=torch.bfloat16, batch=batch)
+        self.cot = torch.randn_like(self.x)
+        self.params = list(self.model.parameters())
+
+    def step(self, backend=None):
+        """The step with the model under `backend` (None: eager, after a Dynamo reset all the same)."""
+        fn = compiled(self.model, backend)
+
+        def step():
+            for p in self.params:
+                p.grad = None
+            torch.autograd.backward([fn(self.x)], [self.cot])
+        return step
+
+
+def host_seconds(fn, n, warmup=0, busy_gib=2, fills=40):
+    """Host seconds per call of `fn`, timed while the device is kept busy (`fills` fills of a `busy_gib` GiB
+    buffer queued first, ~0.7 ms each for 2 GiB), so launches queue up and no call waits on the device."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    big = torch.empty(int(busy_gib * 2**30), device="cuda", dtype=torch.uint8)
+    for _ in range(fills):
+        big.fill_(1)
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    seconds = (time.perf_counter() - start) / n
+    torch.cuda.synchronize()
+    return seconds

@@ -5,57 +5,26 @@ import cProfile
 import os
 import pstats
 import sys
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from brrr.compile.backend import brrr_backend
-from brrr.examples import build_example, mlp
+from brrr.examples import build_example
+from probe_common import SeedMLPTrain, back_to_back_s, tiny_linear_steps
 
 part = sys.argv[1] if len(sys.argv) > 1 else "DEF"
 
 
-def host_per_step(step, n=200):
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        step()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n
-
-
 if "D" in part:
-    lin = torch.nn.Linear(8, 8, device="cuda")
-    x = torch.randn(4, 8, device="cuda")
     for name, be in (("eager", None), ("aot_eager", "aot_eager"), ("inductor", "inductor"), ("brrr", brrr_backend)):
-        torch._dynamo.reset()
-        fn = lin if be is None else torch.compile(lin, backend=be)
-
-        def train():
-            lin.weight.grad = lin.bias.grad = None
-            fn(x).sum().backward()
-
-        def infer():
-            with torch.no_grad():
-                fn(x)
-        print(f"D tiny linear {name}: train step {host_per_step(train)*1e6:.0f} us, "
-              f"inference {host_per_step(infer)*1e6:.0f} us", flush=True)
+        train, infer = tiny_linear_steps(be)
+        print(f"D tiny linear {name}: train step {back_to_back_s(train)*1e6:.0f} us, "
+              f"inference {back_to_back_s(infer)*1e6:.0f} us", flush=True)
 
 if "E" in part:
-    model, (x,) = mlp(device="cuda", dtype=torch.bfloat16, batch=16384)
-    cot = torch.randn_like(x)
-    params = list(model.parameters())
-    torch._dynamo.reset()
-    fn = torch.compile(model, backend=brrr_backend)
-
-    def step():
-        for p in params:
-            p.grad = None
-        torch.autograd.backward([fn(x)], [cot])
-    print(f"E brrr MLP train: {host_per_step(step)*1e6:.0f} us per step (back to back)")
+    step = SeedMLPTrain().step(brrr_backend)
+    print(f"E brrr MLP train: {back_to_back_s(step)*1e6:.0f} us per step (back to back)")
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(200):
@@ -74,7 +43,7 @@ if "F" in part:
             for _ in range(3):
                 fn(ids)
             torch.cuda.synchronize()
-            host = host_per_step(lambda: fn(ids), n=20)
+            host = back_to_back_s(lambda: fn(ids), n=20)
             torch.cuda.reset_peak_memory_stats()
             with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
                 fn(ids)

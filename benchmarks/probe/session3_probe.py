@@ -12,27 +12,13 @@ import torch
 from brrr.bench import bench
 from brrr.compile.backend import brrr_backend
 from brrr.examples import build_example, mlp
-from probe_common import brrr_with_env, median_ms, profile_report
+from probe_common import SeedMLPTrain, back_to_back_s, brrr_with_env, median_ms, profile_report, tiny_linear_steps
 
 OUT = os.environ.get("OUT", "/tmp")
 parts = sys.argv[1] if len(sys.argv) > 1 else "ABCDE"
 
 
 aot_runtime_backend = brrr_with_env("brrr-aot-runtime", BRRR_AOT_RUNTIME="1")
-
-
-def host_per_step(step, n=200, reps=5):
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
-    best = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            step()
-        torch.cuda.synchronize()
-        best.append((time.perf_counter() - t0) / n)
-    return min(best)
 
 
 if "A" in parts:
@@ -47,36 +33,18 @@ if "A" in parts:
                   f"steady {ms(row.steady_s)} graph {ms(row.graph_s)} ms  {row.reason or ''}", flush=True)
 
 if "B" in parts:
-    lin = torch.nn.Linear(8, 8, device="cuda")
-    x = torch.randn(4, 8, device="cuda")
     for name, be in (("eager", None), ("inductor", "inductor"), ("brrr", brrr_backend),
                      ("brrr-aot-runtime", aot_runtime_backend)):
-        torch._dynamo.reset()
-        fn = lin if be is None else torch.compile(lin, backend=be)
-
-        def train():
-            lin.weight.grad = lin.bias.grad = None
-            fn(x).sum().backward()
-
-        def infer():
-            with torch.no_grad():
-                fn(x)
-        print(f"B tiny linear {name}: train step {host_per_step(train)*1e6:.0f} us, "
-              f"inference {host_per_step(infer)*1e6:.0f} us", flush=True)
+        train, infer = tiny_linear_steps(be)
+        print(f"B tiny linear {name}: train step {back_to_back_s(train, reps=5)*1e6:.0f} us, "
+              f"inference {back_to_back_s(infer, reps=5)*1e6:.0f} us", flush=True)
 
 if "C" in parts:
-    model, (x,) = mlp(device="cuda", dtype=torch.bfloat16, batch=16384)
-    cot = torch.randn_like(x)
-    params = list(model.parameters())
+    mlp_train = SeedMLPTrain()
     for name, be in (("brrr", brrr_backend), ("brrr-aot-runtime", aot_runtime_backend), ("eager", None)):
-        torch._dynamo.reset()
-        fn = model if be is None else torch.compile(model, backend=be)
-
-        def step():
-            for p in params:
-                p.grad = None
-            torch.autograd.backward([fn(x)], [cot])
-        print(f"C {name} MLP train: {host_per_step(step, n=100)*1e6:.0f} us per step (back to back)", flush=True)
+        step = mlp_train.step(be)
+        print(f"C {name} MLP train: {back_to_back_s(step, n=100, reps=5)*1e6:.0f} us per step (back to back)",
+              flush=True)
         if name == "brrr":
             print(profile_report(step, 100, rows=25))
 

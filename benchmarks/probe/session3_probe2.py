@@ -12,7 +12,7 @@ from torch.profiler import ProfilerActivity, profile
 from brrr.bench import bench
 from brrr.compile.backend import brrr_backend
 from brrr.examples import mlp
-from probe_common import brrr_with_env
+from probe_common import SeedMLPTrain, brrr_with_env
 
 parts = sys.argv[1] if len(sys.argv) > 1 else "ABC"
 
@@ -37,17 +37,9 @@ if "A" in parts:
         show(f"A mlp {'train' if train else 'inference'}", r)
 
 if "B" in parts:
-    model, (x,) = mlp(device="cuda", dtype=torch.bfloat16, batch=16384)
-    cot = torch.randn_like(x)
-    params = list(model.parameters())
+    mlp_train = SeedMLPTrain()
     for name, be in (("eager", None), ("brrr", brrr_backend), ("inductor", "inductor")):
-        torch._dynamo.reset()
-        fn = model if be is None else torch.compile(model, backend=be)
-
-        def step():
-            for p in params:
-                p.grad = None
-            torch.autograd.backward([fn(x)], [cot])
+        step = mlp_train.step(be)
         for _ in range(5):
             step()
         torch.cuda.synchronize()

@@ -3,31 +3,21 @@ A: host time per call of the ATen matmuls and a direct Triton launch, with the d
 B: cProfile of brrr's train step by cumulative time, and who calls the costly ATen builtins.
 C: bench of the train step: eager, brrr, brrr-cudagraphs (same process, no Inductor)."""
 import sys
-import time
 
 import torch
 
 from brrr.bench import bench
 from brrr.compile.backend import brrr_backend
 from brrr.examples import mlp
-from probe_common import profile_report
-
-parts = sys.argv[1] if len(sys.argv) > 1 else "ABC"
-aten = torch.ops.aten
+from probe_common import SeedMLPTrain, host_seconds, profile_report
 
 
 def host_us(fn, n=200):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    big = torch.empty(1 << 28, device="cuda")
-    big.zero_()   # keep the device busy so host time is what we see
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return t
+    return host_seconds(fn, n, warmup=5, busy_gib=1, fills=1) * 1e6  # one 1 GiB fill queued, as when first run
+
+
+parts = sys.argv[1] if len(sys.argv) > 1 else "ABC"
+aten = torch.ops.aten
 
 
 if "A" in parts:
@@ -47,27 +37,14 @@ if "A" in parts:
     print(f"A gelu                 {host_us(lambda: torch.nn.functional.gelu(x)):.1f} us", flush=True)
 
 if "B" in parts:
-    model, (x,) = mlp(device="cuda", dtype=torch.bfloat16, batch=16384)
-    cot = torch.randn_like(x)
-    params = list(model.parameters())
-    torch._dynamo.reset()
-    fn = torch.compile(model, backend=brrr_backend)
-
-    def step():
-        for p in params:
-            p.grad = None
-        torch.autograd.backward([fn(x)], [cot])
+    mlp_train = SeedMLPTrain()
+    step = mlp_train.step(brrr_backend)
     for _ in range(10):
         step()
     torch.cuda.synchronize()
     print(f"B brrr train: {host_us(step, n=100):.0f} us host per step (device kept busy)", flush=True)
     print(profile_report(step, 100, sorts=("cumulative",), rows=35, callers="aten"))
-    torch._dynamo.reset()
-
-    def eager_step():
-        for p in params:
-            p.grad = None
-        torch.autograd.backward([model(x)], [cot])
+    eager_step = mlp_train.step()
     print(f"B eager train: {host_us(eager_step, n=100):.0f} us host per step (device kept busy)", flush=True)
 
 if "C" in parts:

@@ -434,7 +434,8 @@ class OpTracer(TorchDispatchMode):
         index = len(self.funcs)
         self.funcs.append(func)
         run = func._op if type(func) is OpOverload else func  # the C++ entry OpOverload.__call__ forwards to
-        if self.mark_ranges and (self.range_kernel_free_ops or not launches_no_kernel(func)):
+        kernel_free = launches_no_kernel(func)  # (memoized per op) no range on CUDA, the short note
+        if self.mark_ranges and (self.range_kernel_free_ops or not kernel_free):
             _record_functions(True)
             with _op_range(RANGE_PREFIX + str(index)):
                 # the range is all timing needs: the ATen op (and what it calls) runs unrecorded inside it;
@@ -444,11 +445,11 @@ class OpTracer(TorchDispatchMode):
         else:
             out = run(*args, **kwargs) if kwargs else run(*args)
         if self.record_costs:
-            self._note(func, args, kwargs, out)
+            self._note(func, args, kwargs, out, kernel_free)
         return out
 
-    def _note(self, func, args, kwargs, out):
-        if launches_no_kernel(func):  # two thirds of a transformer's ops: the short note
+    def _note(self, func, args, kwargs, out, kernel_free):
+        if kernel_free:  # views and metadata ops, two thirds of a transformer's ops: the short note
             first = args[0] if args else None
             if type(first) is not torch.Tensor or len(args) > 1 and not _plain(args[1:]) or kwargs:
                 tensors = _input_tensors(kwargs.values(), _input_tensors(args, [])) if kwargs else \
