@@ -18,13 +18,15 @@ from brrr.analyze.analysis import Analysis
 from brrr.callable_package import make_callable
 from brrr.analyze.capture import OUTSIDE_MODEL, OpRecord, gc_paused, record_step, trace_names
 from brrr.analyze.step import Step, resolve_device
-from brrr.analyze.timing import (cuda_op_times, device_busy_time, dynamo_frames_compiled, median_times, op_times,
-                                 profiled, wall_time)
+from brrr.analyze.timing import (WarmWalls, cuda_op_times, device_busy_time, dynamo_frames_compiled, finish_teardown,
+                                 median_times, op_times, profiled, wall_time)
 
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
 STAGES = ("ceilings", "capture", "profile", "wall time", "classify")
-WALL_RUNS = 2  # plain steps timed for the wall time (the faster): the warm-up step and one more
+WALL_RUNS = 2  # plain steps timed for the wall time (the faster): the warm-up step and one more, unless the
+               # first comes within timing.WARM_TOLERANCE of this step's wall time in an earlier analysis
+WARM_WALLS = WarmWalls()
 
 
 @contextmanager
@@ -101,13 +103,21 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         from brrr.cost.device import get_ceilings
 
         ceilings = get_ceilings(device, progress=progress)  # before our bar: rich allows one live display
+    try:
+        return _analyze_step(step, device, ceilings, progress, profile_runs)
+    finally:
+        finish_teardown()  # the CUPTI teardown launch overlapped the work after the last session; no later
+
+
+def _analyze_step(step, device, ceilings, progress, profile_runs):
     with _stage_bar(progress) as stage:
         stage("capture")
         # the plain steps that give the wall time run first and back to back; the first is also the warm-up:
         # compiles, autotuning, lazy initialization and a model that raises all happen outside the traced
         # step. They run before it, not after: a plain step right after a CUPTI session ran 5-10% slow on the
         # H100 (session 5, probe 6), which would read as overhead.
-        wall = wall_time(step, device, runs=WALL_RUNS)
+        wall = wall_time(step, device, runs=WALL_RUNS, warm_s=WARM_WALLS.get(step))
+        WARM_WALLS.put(step, wall)
         compiles = dynamo_frames_compiled()
         trace, times, busy, outside = _traced_run(step, device)
         if dynamo_frames_compiled() != compiles:
@@ -139,7 +149,7 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
 
         stage("classify")
         with gc_paused():  # thousands of small objects per analysis: no collection in the middle of them
-            return Analysis.from_measurements(records, ceilings, wall, busy, train=train,
+            return Analysis.from_measurements(records, ceilings, wall, busy, train=step.train,
                                               tf32_enabled=_tf32_enabled(device))
 
 

@@ -40,6 +40,17 @@ def loss_of(output):
     return loss
 
 
+def _value_signature(value):
+    """A hashable stand-in for a step input: tensors by layout, containers element-wise, the rest as is."""
+    if isinstance(value, torch.Tensor):
+        return (type(value), tuple(value.shape), value.stride(), value.dtype, value.device, value.requires_grad)
+    if isinstance(value, (list, tuple)):
+        return (type(value), *(_value_signature(v) for v in value))
+    if isinstance(value, dict):
+        return (dict, *((k, _value_signature(v)) for k, v in value.items()))
+    return value
+
+
 class Step:
     """Calls `model(*inputs)` (and backward when training) the same way every time it is run."""
 
@@ -54,6 +65,26 @@ class Step:
             params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
             self.grad_leaves = params + [t for t in tensors_in(self.inputs) if t.requires_grad and t.is_leaf]
         self.output = None
+
+    def signature(self):
+        """What, besides the model object itself, decides which kernels the step launches, as far as it is
+        cheap to read: the model's mode and first parameter's dtype and device, the inputs' shapes, strides,
+        dtypes and devices, train, grad mode, autocast and the matmul precision settings. None when some
+        input can't be hashed. The same model with one signature runs the same program (timing.WarmWalls)."""
+        model = self.model
+        params = None
+        if isinstance(model, torch.nn.Module):
+            first = next(model.parameters(), None)
+            params = (model.training, first.dtype, first.device) if first is not None else (model.training,)
+        settings = (self.train, torch.is_grad_enabled(), torch.get_float32_matmul_precision(),
+                    torch.backends.cuda.matmul.allow_tf32, torch.is_autocast_enabled("cuda"),
+                    torch.is_autocast_enabled("cpu"))
+        key = (params, _value_signature(self.inputs), settings)
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
 
     def __call__(self):
         try:

@@ -5,7 +5,8 @@ Three measurements of the same step:
   on CUDA an op's time is the device time of the kernels launched inside its range, on CPU the host time
   of the range.
 - wall time: a plain step (no tracer, no profiler), synchronized: the faster of the warm-up step and one
-  more, both before the traced step (a plain step right after a CUPTI session runs slow for a while).
+  more, both before the traced step (a plain step right after a CUPTI session runs slow for a while). A step
+  brrr has timed before in this process needs only the first when it is as fast as then (WarmWalls).
 - device busy time: on CUDA the union of the traced run's kernel intervals (kernels take as long with the
   tracer as without; only the gaps between them grow); on CPU a plain profiled step's summed top-level ATen
   op time. Wall minus busy is time the device waited on the host (overhead).
@@ -20,6 +21,8 @@ import bisect
 import os
 import statistics
 import sys
+import threading
+import weakref
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -44,10 +47,15 @@ def profiled(device, warm_up=True):
 
     The first op in a fresh session runs slow (seen: the first matmul at twice its time on an H100), so by
     default one tiny op runs first, outside any op range, to take that cost.
+
+    On CUDA, when the session tears CUPTI down, the launch that completes the teardown runs on a helper
+    thread (see _CuptiTeardown): the caller reads the events meanwhile, and calls finish_teardown() before
+    it hands control back to code that may launch kernels.
     """
     if torch.autograd._profiler_enabled():
         # Kineto runs one session at a time: starting brrr's would silently end the user's
         raise BrrrError("brrr.analyze runs its own profiler session: call it outside torch.profiler.profile")
+    finish_teardown()
     cuda = device.type == "cuda"
     tear_down = cuda and tear_down_cupti_after()
     synchronize(device)
@@ -61,11 +69,44 @@ def profiled(device, warm_up=True):
             synchronize(device)
     finally:
         if tear_down:
-            # Kineto's teardown is lazy: it detaches CUPTI inside the callback of the next kernel launch. A
-            # process that exits before launching another kernel hung at exit on the H100 host (`brrr analyze`
-            # never returned), so the launch that completes the teardown happens here.
-            torch.zeros(1, device=device).add_(1)
-            synchronize(device)
+            _TEARDOWN.start(device)
+
+
+class _CuptiTeardown:
+    """The kernel launch that completes Kineto's CUPTI teardown, on a helper thread.
+
+    Kineto's teardown is lazy: it detaches CUPTI inside the callback of the next kernel launch, ~1.7 ms on the
+    H100 host. A process that exits before launching another kernel hung at exit there (`brrr analyze` never
+    returned), so brrr launches one itself. From a helper thread, with the GIL released during the launch, that
+    time overlaps the caller's event reading and pricing. The thread is not a daemon: the interpreter waits
+    for it before it exits."""
+
+    def __init__(self):
+        self.thread = None
+
+    def start(self, device):
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.thread = threading.Thread(target=self._launch, args=(index,), name="brrr-cupti-teardown")
+        self.thread.start()
+
+    @staticmethod
+    def _launch(index):
+        with torch.cuda.device(index):
+            torch.zeros(1, device="cuda").add_(1)
+            torch.cuda.synchronize()
+
+    def finish(self):
+        thread, self.thread = self.thread, None
+        if thread is not None:
+            thread.join()
+
+
+_TEARDOWN = _CuptiTeardown()
+
+
+def finish_teardown():
+    """Wait for the launch that completes the last session's CUPTI teardown (a no-op when none is pending)."""
+    _TEARDOWN.finish()
 
 
 def tear_down_cupti_after():
@@ -206,20 +247,67 @@ def dynamo_frames_compiled():
         return 0
 
 
-def wall_time(step, device, runs=1, recompiles=2):
+WARM_TOLERANCE = 0.05  # a plain run at most this much slower than the step's known warm wall time is warm
+
+
+def wall_time(step, device, runs=1, recompiles=2, warm_s=None):
     """Seconds of a plain step (no tracer, no profiler), synchronized on both sides: the fastest of `runs`
     back-to-back runs. A run during which Dynamo compiled doesn't count and another takes its place (up to
     `recompiles` times): a compiled model's first call compiles, and so does its first plain call after an
-    analysis, since the tracer's global module hooks are among what Dynamo guards on."""
+    analysis, since the tracer's global module hooks are among what Dynamo guards on.
+
+    warm_s: this step's wall time measured warm before (WarmWalls). A run that takes at most WARM_TOLERANCE
+    longer, during which nothing compiled and the device allocator did not grow, was warm: it is the answer
+    and no more runs are taken."""
     samples, skipped = [], 0
     while len(samples) < runs:
-        before = dynamo_frames_compiled()
+        before, reserved = dynamo_frames_compiled(), _reserved_bytes(device)
         seconds = time_once(step, device)
-        if dynamo_frames_compiled() == before or skipped >= recompiles:
-            samples.append(seconds)
-        else:
+        compiled = dynamo_frames_compiled() != before
+        if compiled and skipped < recompiles:
             skipped += 1
+            continue
+        samples.append(seconds)
+        if (warm_s is not None and not compiled and seconds <= warm_s * (1 + WARM_TOLERANCE)
+                and _reserved_bytes(device) == reserved):
+            break
     return min(samples)
+
+
+def _reserved_bytes(device):
+    """Device memory the caching allocator holds: it grows when a run allocates afresh (a cold run)."""
+    return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
+
+
+class WarmWalls:
+    """The wall time brrr last measured for each step in this process, per model (held weakly) and
+    Step.signature, to pass to wall_time as `warm_s`.
+
+    The first analysis of a step takes a warm-up run and one more (lazy kernel loading, cuBLAS and allocator
+    set-up, autotuning happen in the first); a later analysis of the same step, once its first run comes within
+    WARM_TOLERANCE of the known time, needs no second run. A run that is slower may be cold, or the host
+    slower: the second run is taken. A model that can't be weakly referenced, or inputs that can't be hashed,
+    are never remembered (two runs every time)."""
+
+    def __init__(self):
+        self._by_model = weakref.WeakKeyDictionary()
+
+    def _slot(self, step):
+        signature = step.signature()
+        try:
+            walls = self._by_model.setdefault(step.model, {}) if signature is not None else None
+        except TypeError:  # no weak reference to this callable
+            walls = None
+        return walls, signature
+
+    def get(self, step):
+        walls, signature = self._slot(step)
+        return walls.get(signature) if walls is not None else None
+
+    def put(self, step, seconds):
+        walls, signature = self._slot(step)
+        if walls is not None:
+            walls[signature] = seconds
 
 
 def union_seconds(intervals):

@@ -97,7 +97,21 @@ def test_mlp_matmul_flops_match_flop_counter(mlp_target, mlp_analysis):
     assert contraction_flops(mlp_analysis) == reference_flops(model, inputs, train=False) == 2 * 2 * 64 * 128 * 128
 
 
-def test_a_torch_compiled_model_runs_its_compiled_code_under_the_tracer(mlp_target, mlp_analysis, cpu_ceilings):
+@pytest.fixture
+def steady_clock(monkeypatch):
+    """wall_time's runs all take 1 ms (the step still runs): whether a run counts as warm is then decided by
+    compiles and allocator growth alone, not by CPU timing noise."""
+    import brrr.analyze.timing as timing
+
+    def time_once(fn, device):
+        fn()
+        return 1e-3
+
+    monkeypatch.setattr(timing, "time_once", time_once)
+
+
+def test_a_torch_compiled_model_runs_its_compiled_code_under_the_tracer(mlp_target, mlp_analysis, cpu_ceilings,
+                                                                        steady_clock):
     # Dynamo runs eager code under an active dispatch mode unless the mode ignores compile internals: then the
     # traced step runs the compiled artifact, whose ATen calls the tracer sees
     from torch._dynamo.backends.common import aot_autograd
@@ -120,7 +134,9 @@ def test_a_torch_compiled_model_runs_its_compiled_code_under_the_tracer(mlp_targ
     assert len(calls) == 6
     del calls[:]
     again = analyze(compiled, *inputs, ceilings=cpu_ceilings, profile_runs=1)
-    assert len(calls) == 4 and len(again.ops) == len(analysis.ops)  # nothing compiles any more
+    # nothing compiles any more, and the step's first plain run is as fast as in the first analysis: one
+    # plain run, the traced step, the busy-time step
+    assert len(calls) == 3 and len(again.ops) == len(analysis.ops)
     assert sorted(op.name for op in analysis.ops if op.op_class != "view") == \
         sorted(op.name for op in mlp_analysis.ops if op.op_class != "view")
     assert contraction_flops(analysis) == contraction_flops(mlp_analysis)
@@ -147,6 +163,36 @@ def test_the_wall_time_steps_run_before_the_traced_step(cpu_ceilings):
     assert calls == ["plain", "plain", "profiled", "profiled"]  # then, on CPU, the profiled busy-time step
     assert [op.name for op in analysis.ops] == ["aten.mul.Tensor", "aten.exp.default"]
     check_consistent(analysis)
+
+
+def test_a_step_analyzed_before_needs_one_wall_time_run_when_it_is_as_fast(cpu_ceilings, steady_clock):
+    model, calls = _step_log()
+    x = torch.randn(64)
+    analyze(model, x, ceilings=cpu_ceilings, profile_runs=1)
+    assert calls == ["plain", "plain", "profiled", "profiled"]
+    calls.clear()
+    analysis = analyze(model, x, ceilings=cpu_ceilings, profile_runs=1)
+    assert calls == ["plain", "profiled", "profiled"]
+    assert analysis.wall_time_s == 1e-3
+    calls.clear()
+    analyze(model, torch.randn(32), ceilings=cpu_ceilings, profile_runs=1)  # another shape: another step
+    assert calls == ["plain", "plain", "profiled", "profiled"]
+
+
+def test_the_cupti_teardown_launch_is_waited_for_before_analyze_returns(cpu_ceilings, monkeypatch):
+    # on CUDA the launch that completes CUPTI's teardown runs on a helper thread while the events are read;
+    # analyze joins it before handing control back, also when the model raises
+    finished = []
+    monkeypatch.setattr(sys.modules["brrr.analyze"], "finish_teardown", lambda: finished.append(1))
+    analyze(lambda x: x * 2, torch.randn(8), ceilings=cpu_ceilings, profile_runs=1)
+    assert finished == [1]
+
+    def broken(x):
+        raise ValueError("no")
+
+    with pytest.raises(BrrrError):
+        analyze(broken, torch.randn(8), ceilings=cpu_ceilings)
+    assert finished == [1, 1]
 
 
 def test_a_traced_step_during_which_dynamo_compiled_is_traced_again(cpu_ceilings, monkeypatch):

@@ -216,3 +216,110 @@ def test_dynamo_compiles_are_counted():
     after = dynamo_frames_compiled()
     fn(torch.randn(3))
     assert dynamo_frames_compiled() == after  # a cache hit compiles nothing
+
+
+def _timed_runs(monkeypatch, durations):
+    """wall_time's clock replaced: each run's 'seconds' come from `durations`; returns the list of runs made."""
+    import brrr.analyze.timing as timing
+
+    runs, clock = [], iter(durations)
+
+    def fake_time_once(fn, device):
+        fn()
+        runs.append(1)
+        return next(clock)
+
+    monkeypatch.setattr(timing, "time_once", fake_time_once)
+    return runs
+
+
+def test_a_run_as_fast_as_the_known_warm_time_is_the_wall_time(monkeypatch):
+    import brrr.analyze.timing as timing
+
+    cpu = torch.device("cpu")
+    runs = _timed_runs(monkeypatch, [1.04e-3, 0.9e-3])
+    assert timing.wall_time(lambda: None, cpu, runs=2, warm_s=1e-3) == 1.04e-3 and len(runs) == 1
+    # slower than the known time by more than the tolerance: maybe cold, so the second run is taken
+    runs = _timed_runs(monkeypatch, [1.2e-3, 1.01e-3])
+    assert timing.wall_time(lambda: None, cpu, runs=2, warm_s=1e-3) == 1.01e-3 and len(runs) == 2
+    # nothing known: the warm-up run and one more
+    runs = _timed_runs(monkeypatch, [1.0e-3, 0.9e-3])
+    assert timing.wall_time(lambda: None, cpu, runs=2) == 0.9e-3 and len(runs) == 2
+
+
+def test_a_fast_run_that_grew_the_allocator_or_compiled_is_not_warm(monkeypatch):
+    import brrr.analyze.timing as timing
+
+    cpu = torch.device("cpu")
+    reserved = iter(range(100))  # the allocator grows during every run
+    monkeypatch.setattr(timing, "_reserved_bytes", lambda device: next(reserved))
+    runs = _timed_runs(monkeypatch, [1e-3, 1e-3])
+    assert timing.wall_time(lambda: None, cpu, runs=2, warm_s=1e-3) == 1e-3 and len(runs) == 2
+    monkeypatch.setattr(timing, "_reserved_bytes", lambda device: 0)
+    compiles = iter(range(100))  # Dynamo compiles during every run: after two skipped, runs count but aren't warm
+    monkeypatch.setattr(timing, "dynamo_frames_compiled", lambda: next(compiles))
+    runs = _timed_runs(monkeypatch, [1e-3] * 4)
+    assert timing.wall_time(lambda: None, cpu, runs=2, warm_s=1e-3) == 1e-3 and len(runs) == 4
+
+
+def test_warm_walls_are_kept_per_model_and_step_signature():
+    import gc
+
+    from brrr.analyze.timing import WarmWalls
+
+    walls = WarmWalls()
+    model = torch.nn.Linear(4, 4)
+    step = Step(model, (torch.randn(2, 4),))
+    assert walls.get(step) is None
+    walls.put(step, 1e-3)
+    assert walls.get(Step(model, (torch.randn(2, 4),))) == 1e-3       # same model, same kind of input
+    assert walls.get(Step(model, (torch.randn(3, 4),))) is None       # another shape
+    assert walls.get(Step(model, (torch.randn(2, 4).t().contiguous().t(),))) is None  # another layout
+    assert walls.get(Step(model, (torch.randn(2, 4, dtype=torch.float64),))) is None
+    assert walls.get(Step(model, (torch.randn(2, 4),), train=True)) is None
+    assert walls.get(Step(torch.nn.Linear(4, 4), (torch.randn(2, 4),))) is None  # another model object
+    model.eval()
+    assert walls.get(step) is None                                      # its mode changed
+    model.train()
+    model.double()
+    assert walls.get(Step(model, (torch.randn(2, 4, dtype=torch.float64),))) is None  # its dtype changed
+    # nothing is kept alive or remembered for a model that is gone
+    del model, step
+    gc.collect()
+    assert len(walls._by_model) == 0
+
+
+def test_warm_walls_skip_what_they_cannot_key():
+    from brrr.analyze.timing import WarmWalls
+
+    walls = WarmWalls()
+    unhashable = Step(lambda x, opts: x, (torch.randn(2), {"a": {1, 2}}))  # a set among the inputs
+    walls.put(unhashable, 1e-3)
+    assert walls.get(unhashable) is None
+    no_weakref = Step(torch.Tensor.relu, (torch.randn(2),))   # a method descriptor: no weak reference to it
+    walls.put(no_weakref, 1e-3)
+    assert walls.get(no_weakref) is None
+    hashable = Step(lambda x, opts: x, (torch.randn(2), {"a": [1, 2]}))  # lists and dicts are keyed by value
+    walls.put(hashable, 1e-3)
+    assert walls.get(hashable) == 1e-3
+
+
+def test_the_teardown_launch_runs_on_a_thread_that_finish_joins(monkeypatch):
+    import threading
+    import time
+
+    from brrr.analyze import timing
+
+    seen = []
+
+    def slow_launch(index):
+        time.sleep(0.05)
+        seen.append((index, threading.current_thread().name))
+
+    monkeypatch.setattr(timing._CuptiTeardown, "_launch", staticmethod(slow_launch))
+    teardown = timing._CuptiTeardown()
+    teardown.start(torch.device("cuda", 1))
+    assert seen == []          # the caller goes on while the launch runs
+    teardown.finish()
+    assert seen == [(1, "brrr-cupti-teardown")]
+    teardown.finish()          # nothing pending: a no-op
