@@ -380,6 +380,18 @@ def _skip_in_dynamo(code):
     _SKIP_CODE(code)
 
 
+_DISPATCH = {}  # op -> (what to call: the C++ entry OpOverload.__call__ forwards to, launches no kernel)
+
+
+def _dispatch_entry(func):
+    entry = (func._op if type(func) is OpOverload else func, launches_no_kernel(func))
+    try:
+        _DISPATCH[func] = entry
+    except TypeError:  # an unhashable op: looked up every call
+        pass
+    return entry
+
+
 class OpTracer(TorchDispatchMode):
     """Notes every op (raw metadata, see the module docstring) and/or marks each with a profiler range."""
 
@@ -433,8 +445,10 @@ class OpTracer(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         index = len(self.funcs)
         self.funcs.append(func)
-        run = func._op if type(func) is OpOverload else func  # the C++ entry OpOverload.__call__ forwards to
-        kernel_free = launches_no_kernel(func)  # (memoized per op) no range on CUDA, the short note
+        entry = _DISPATCH.get(func)
+        if entry is None:
+            entry = _dispatch_entry(func)
+        run, kernel_free = entry
         if self.mark_ranges and (self.range_kernel_free_ops or not kernel_free):
             _record_functions(True)
             with _op_range(RANGE_PREFIX + str(index)):
@@ -444,11 +458,8 @@ class OpTracer(TorchDispatchMode):
                 out = run(*args, **kwargs) if kwargs else run(*args)
         else:
             out = run(*args, **kwargs) if kwargs else run(*args)
-        if self.record_costs:
-            self._note(func, args, kwargs, out, kernel_free)
-        return out
-
-    def _note(self, func, args, kwargs, out, kernel_free):
+        if not self.record_costs:
+            return out
         if kernel_free:  # views and metadata ops, two thirds of a transformer's ops: the short note
             first = args[0] if args else None
             if type(first) is not torch.Tensor or len(args) > 1 and not _plain(args[1:]) or kwargs:
@@ -459,7 +470,11 @@ class OpTracer(TorchDispatchMode):
                 shapes, dtypes = (first.shape,), (first.dtype,)
             module, phase = self._module_and_phase(out)
             self.raw.append(tuple.__new__(_ViewOp, (func, shapes, dtypes, module, phase)))
-            return
+        else:
+            self._note(func, args, kwargs, out)
+        return out
+
+    def _note(self, func, args, kwargs, out):
         call = _Call()
         frozen_args = call.sequence(args)  # args always come as a tuple
         arg_inputs = len(call.found)
