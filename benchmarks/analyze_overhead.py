@@ -57,7 +57,8 @@ class StageClock:
         "record_step": "capture (traced step)",
         "trace_names": "extra profiled steps",
         "_profiled_times": "profiler event processing",
-        "wall_time": "wall runs",
+        "wall_time": "wall runs",  # before session 6
+        "timed_runs": "wall runs",
         "device_busy_time": "busy-time step",
     }
 

@@ -247,18 +247,27 @@ def dynamo_frames_compiled():
         return 0
 
 
-WARM_TOLERANCE = 0.05  # a plain run at most this much slower than the step's known warm wall time is warm
+WARM_TOLERANCE = 0.10  # a plain run at most this much slower than the step's last warm run is warm too: on the
+                       # H100 hosts one step's time varies by ~7% run to run, while a cold run (lazy kernel
+                       # loading, allocator growth, cuBLAS set-up) is slower by far more
 
 
 def wall_time(step, device, runs=1, recompiles=2, warm_s=None):
-    """Seconds of a plain step (no tracer, no profiler), synchronized on both sides: the fastest of `runs`
-    back-to-back runs. A run during which Dynamo compiled doesn't count and another takes its place (up to
-    `recompiles` times): a compiled model's first call compiles, and so does its first plain call after an
-    analysis, since the tracer's global module hooks are among what Dynamo guards on.
+    """Seconds of a plain step (no tracer, no profiler), synchronized on both sides: the fastest of
+    timed_runs(...)."""
+    return min(timed_runs(step, device, runs, recompiles, warm_s))
 
-    warm_s: this step's wall time measured warm before (WarmWalls). A run that takes at most WARM_TOLERANCE
-    longer, during which nothing compiled and the device allocator did not grow, was warm: it is the answer
-    and no more runs are taken."""
+
+def timed_runs(step, device, runs=1, recompiles=2, warm_s=None):
+    """Seconds of each of up to `runs` back-to-back plain runs of the step, synchronized on both sides.
+
+    A run during which Dynamo compiled doesn't count and another takes its place (up to `recompiles` times):
+    a compiled model's first call compiles, and so does its first plain call after an analysis, since the
+    tracer's global module hooks are among what Dynamo guards on.
+
+    warm_s: this step's last warm run, from an earlier analysis (WarmWalls). A run that takes at most
+    WARM_TOLERANCE longer, during which nothing compiled and the device allocator did not grow, was warm too:
+    no more runs are taken."""
     samples, skipped = [], 0
     while len(samples) < runs:
         before, reserved = dynamo_frames_compiled(), _reserved_bytes(device)
@@ -271,7 +280,7 @@ def wall_time(step, device, runs=1, recompiles=2, warm_s=None):
         if (warm_s is not None and not compiled and seconds <= warm_s * (1 + WARM_TOLERANCE)
                 and _reserved_bytes(device) == reserved):
             break
-    return min(samples)
+    return samples
 
 
 def _reserved_bytes(device):
@@ -280,14 +289,16 @@ def _reserved_bytes(device):
 
 
 class WarmWalls:
-    """The wall time brrr last measured for each step in this process, per model (held weakly) and
-    Step.signature, to pass to wall_time as `warm_s`.
+    """The last warm plain run brrr timed of each step in this process, per model (held weakly) and
+    Step.signature, to pass to timed_runs as `warm_s`.
 
     The first analysis of a step takes a warm-up run and one more (lazy kernel loading, cuBLAS and allocator
     set-up, autotuning happen in the first); a later analysis of the same step, once its first run comes within
-    WARM_TOLERANCE of the known time, needs no second run. A run that is slower may be cold, or the host
-    slower: the second run is taken. A model that can't be weakly referenced, or inputs that can't be hashed,
-    are never remembered (two runs every time)."""
+    WARM_TOLERANCE of the known run, needs no second run. A run that is slower may be cold, or the host
+    slower: the second run is taken. What is remembered is the last run, warm in either case, not the faster
+    of two: a minimum would sit low in the run-to-run spread and send the next analyses to a second run
+    needlessly. A model that can't be weakly referenced, or inputs that can't be hashed, are never remembered
+    (two runs every time)."""
 
     def __init__(self):
         self._by_model = weakref.WeakKeyDictionary()

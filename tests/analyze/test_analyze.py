@@ -179,6 +179,24 @@ def test_a_step_analyzed_before_needs_one_wall_time_run_when_it_is_as_fast(cpu_c
     assert calls == ["plain", "plain", "profiled", "profiled"]
 
 
+def test_the_last_plain_run_is_remembered_not_the_fastest(cpu_ceilings, monkeypatch):
+    import brrr.analyze.timing as timing
+
+    clock = iter([1.0e-3, 1.05e-3, 1.14e-3])  # the next analysis's first run: within 10% of the last, not the min
+
+    def time_once(fn, device):
+        fn()
+        return next(clock)
+
+    monkeypatch.setattr(timing, "time_once", time_once)
+    model, calls = _step_log()
+    x = torch.randn(64)
+    assert analyze(model, x, ceilings=cpu_ceilings, profile_runs=1).wall_time_s == 1.0e-3
+    calls.clear()
+    assert analyze(model, x, ceilings=cpu_ceilings, profile_runs=1).wall_time_s == 1.14e-3
+    assert calls == ["plain", "profiled", "profiled"]
+
+
 def test_the_cupti_teardown_launch_is_waited_for_before_analyze_returns(cpu_ceilings, monkeypatch):
     # on CUDA the launch that completes CUPTI's teardown runs on a helper thread while the events are read;
     # analyze joins it before handing control back, also when the model raises
