@@ -18,8 +18,8 @@ from brrr.analyze.analysis import Analysis
 from brrr.callable_package import make_callable
 from brrr.analyze.capture import OUTSIDE_MODEL, OpRecord, gc_paused, record_step, trace_names
 from brrr.analyze.step import Step, resolve_device
-from brrr.analyze.timing import (WarmWalls, cuda_op_times, device_busy_time, dynamo_frames_compiled, finish_teardown,
-                                 median_times, op_times, profiled, timed_runs)
+from brrr.analyze.timing import (WarmWalls, cuda_op_times, device_busy_time, dynamo_frames_compiled, median_times,
+                                 op_times, profiled, timed_runs)
 
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
@@ -103,13 +103,6 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         from brrr.cost.device import get_ceilings
 
         ceilings = get_ceilings(device, progress=progress)  # before our bar: rich allows one live display
-    try:
-        return _analyze_step(step, device, ceilings, progress, profile_runs)
-    finally:
-        finish_teardown()  # the CUPTI teardown launch overlapped the work after the last session; no later
-
-
-def _analyze_step(step, device, ceilings, progress, profile_runs):
     with _stage_bar(progress) as stage:
         stage("capture")
         # the plain steps that give the wall time run first and back to back; the first is also the warm-up:
@@ -150,7 +143,7 @@ def _analyze_step(step, device, ceilings, progress, profile_runs):
 
         stage("classify")
         with gc_paused():  # thousands of small objects per analysis: no collection in the middle of them
-            return Analysis.from_measurements(records, ceilings, wall, busy, train=step.train,
+            return Analysis.from_measurements(records, ceilings, wall, busy, train=train,
                                               tf32_enabled=_tf32_enabled(device))
 
 

@@ -21,7 +21,6 @@ import bisect
 import os
 import statistics
 import sys
-import threading
 import weakref
 from collections import defaultdict
 from contextlib import contextmanager
@@ -47,15 +46,10 @@ def profiled(device, warm_up=True):
 
     The first op in a fresh session runs slow (seen: the first matmul at twice its time on an H100), so by
     default one tiny op runs first, outside any op range, to take that cost.
-
-    On CUDA, when the session tears CUPTI down, the launch that completes the teardown runs on a helper
-    thread (see _CuptiTeardown): the caller reads the events meanwhile, and calls finish_teardown() before
-    it hands control back to code that may launch kernels.
     """
     if torch.autograd._profiler_enabled():
         # Kineto runs one session at a time: starting brrr's would silently end the user's
         raise BrrrError("brrr.analyze runs its own profiler session: call it outside torch.profiler.profile")
-    finish_teardown()
     cuda = device.type == "cuda"
     tear_down = cuda and tear_down_cupti_after()
     synchronize(device)
@@ -69,44 +63,11 @@ def profiled(device, warm_up=True):
             synchronize(device)
     finally:
         if tear_down:
-            _TEARDOWN.start(device)
-
-
-class _CuptiTeardown:
-    """The kernel launch that completes Kineto's CUPTI teardown, on a helper thread.
-
-    Kineto's teardown is lazy: it detaches CUPTI inside the callback of the next kernel launch, ~1.7 ms on the
-    H100 host. A process that exits before launching another kernel hung at exit there (`brrr analyze` never
-    returned), so brrr launches one itself. From a helper thread, with the GIL released during the launch, that
-    time overlaps the caller's event reading and pricing. The thread is not a daemon: the interpreter waits
-    for it before it exits."""
-
-    def __init__(self):
-        self.thread = None
-
-    def start(self, device):
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        self.thread = threading.Thread(target=self._launch, args=(index,), name="brrr-cupti-teardown")
-        self.thread.start()
-
-    @staticmethod
-    def _launch(index):
-        with torch.cuda.device(index):
-            torch.zeros(1, device="cuda").add_(1)
-            torch.cuda.synchronize()
-
-    def finish(self):
-        thread, self.thread = self.thread, None
-        if thread is not None:
-            thread.join()
-
-
-_TEARDOWN = _CuptiTeardown()
-
-
-def finish_teardown():
-    """Wait for the launch that completes the last session's CUPTI teardown (a no-op when none is pending)."""
-    _TEARDOWN.finish()
+            # Kineto's teardown is lazy: it detaches CUPTI inside the callback of the next kernel launch. A
+            # process that exits before launching another kernel hung at exit on the H100 host (`brrr analyze`
+            # never returned), so the launch that completes the teardown happens here.
+            torch.zeros(1, device=device).add_(1)
+            synchronize(device)
 
 
 def tear_down_cupti_after():
@@ -247,9 +208,10 @@ def dynamo_frames_compiled():
         return 0
 
 
-WARM_TOLERANCE = 0.10  # a plain run at most this much slower than the step's last warm run is warm too: on the
-                       # H100 hosts one step's time varies by ~7% run to run, while a cold run (lazy kernel
-                       # loading, allocator growth, cuBLAS set-up) is slower by far more
+WARM_TOLERANCE = 0.10  # a plain run at most this much slower than the step's last warm run is warm too. A cold
+                       # run (lazy kernel loading, cuBLAS set-up, autotuning) is slower by far more; the H100
+                       # hosts also drift, by up to 25% between analyses a few seconds apart, and a drift past
+                       # this costs a second run, as a cold run would
 
 
 def wall_time(step, device, runs=1, recompiles=2, warm_s=None):

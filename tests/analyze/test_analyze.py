@@ -197,22 +197,6 @@ def test_the_last_plain_run_is_remembered_not_the_fastest(cpu_ceilings, monkeypa
     assert calls == ["plain", "profiled", "profiled"]
 
 
-def test_the_cupti_teardown_launch_is_waited_for_before_analyze_returns(cpu_ceilings, monkeypatch):
-    # on CUDA the launch that completes CUPTI's teardown runs on a helper thread while the events are read;
-    # analyze joins it before handing control back, also when the model raises
-    finished = []
-    monkeypatch.setattr(sys.modules["brrr.analyze"], "finish_teardown", lambda: finished.append(1))
-    analyze(lambda x: x * 2, torch.randn(8), ceilings=cpu_ceilings, profile_runs=1)
-    assert finished == [1]
-
-    def broken(x):
-        raise ValueError("no")
-
-    with pytest.raises(BrrrError):
-        analyze(broken, torch.randn(8), ceilings=cpu_ceilings)
-    assert finished == [1, 1]
-
-
 def test_a_traced_step_during_which_dynamo_compiled_is_traced_again(cpu_ceilings, monkeypatch):
     compiles = [0]
     model, calls = _step_log()

@@ -303,23 +303,3 @@ def test_warm_walls_skip_what_they_cannot_key():
     walls.put(hashable, 1e-3)
     assert walls.get(hashable) == 1e-3
 
-
-def test_the_teardown_launch_runs_on_a_thread_that_finish_joins(monkeypatch):
-    import threading
-    import time
-
-    from brrr.analyze import timing
-
-    seen = []
-
-    def slow_launch(index):
-        time.sleep(0.05)
-        seen.append((index, threading.current_thread().name))
-
-    monkeypatch.setattr(timing._CuptiTeardown, "_launch", staticmethod(slow_launch))
-    teardown = timing._CuptiTeardown()
-    teardown.start(torch.device("cuda", 1))
-    assert seen == []          # the caller goes on while the launch runs
-    teardown.finish()
-    assert seen == [(1, "brrr-cupti-teardown")]
-    teardown.finish()          # nothing pending: a no-op
