@@ -8,6 +8,7 @@ import pstats
 import statistics
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 
 import torch
 
@@ -163,3 +164,29 @@ def host_seconds(fn, n, warmup=0, busy_gib=2, fills=40):
     seconds = (time.perf_counter() - start) / n
     torch.cuda.synchronize()
     return seconds
+
+
+def exit_unless_teardown_thread(timing):
+    """Session-6 probes 1 and 2 compare the helper-thread CUPTI teardown launch, reverted after them (no gain):
+    they run on commits dbe2e4d..1828791 only."""
+    if not hasattr(timing, "_TEARDOWN"):
+        raise SystemExit("this probe compares the helper-thread CUPTI teardown, reverted since: "
+                         "check out 1828791 to rerun it")
+
+
+def session_timed(profiled, record):
+    """`profiled` (brrr's profiler session) wrapped so that its enter and its exit are each timed:
+    record("session enter" / "session exit", milliseconds)."""
+    @contextmanager
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        manager = profiled(*args, **kwargs)
+        prof = manager.__enter__()
+        record("session enter", (time.perf_counter() - start) * 1e3)
+        try:
+            yield prof
+        finally:
+            start = time.perf_counter()
+            manager.__exit__(None, None, None)
+            record("session exit", (time.perf_counter() - start) * 1e3)
+    return wrapper

@@ -25,12 +25,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import brrr  # noqa: E402,F401
 from brrr.analyze import timing  # noqa: E402
-from probe_common import bert_base_inference, median_ms  # noqa: E402
+from probe_common import bert_base_inference, exit_unless_teardown_thread, median_ms  # noqa: E402
 
 analyze_module = sys.modules["brrr.analyze"]
-if not hasattr(timing, "_TEARDOWN"):
-    # the helper-thread teardown was reverted after this probe (no gain): it runs on commits dbe2e4d..1828791
-    sys.exit("this probe compares the helper-thread CUPTI teardown, reverted since: check out 1828791 to rerun it")
+exit_unless_teardown_thread(timing)
 model, ids, step, ceil = bert_base_inference()
 ROUNDS = int(os.environ.get("ROUNDS", "10"))
 

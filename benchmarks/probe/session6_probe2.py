@@ -12,7 +12,6 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from contextlib import contextmanager
 
 import torch
 
@@ -20,12 +19,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import brrr  # noqa: E402,F401
 from brrr.analyze import capture, timing  # noqa: E402
-from probe_common import bert_base_inference, median_ms  # noqa: E402
+from probe_common import bert_base_inference, exit_unless_teardown_thread, median_ms, session_timed  # noqa: E402
 
 analyze_module = sys.modules["brrr.analyze"]
-if not hasattr(timing, "_TEARDOWN"):
-    # the helper-thread teardown was reverted after this probe (no gain): it runs on commits dbe2e4d..1828791
-    sys.exit("this probe compares the helper-thread CUPTI teardown, reverted since: check out 1828791 to rerun it")
+exit_unless_teardown_thread(timing)
 model, ids, step, ceil = bert_base_inference()
 ROUNDS = int(os.environ.get("ROUNDS", "20"))
 parts = defaultdict(float)
@@ -41,24 +38,11 @@ def timed(name, fn):
     return wrapper
 
 
-real_profiled = analyze_module.profiled
+def add_part(name, ms):
+    parts[name] += ms
 
 
-@contextmanager
-def profiled_timed(*args, **kwargs):
-    start = time.perf_counter()
-    manager = real_profiled(*args, **kwargs)
-    prof = manager.__enter__()
-    parts["session enter"] += (time.perf_counter() - start) * 1e3
-    try:
-        yield prof
-    finally:
-        start = time.perf_counter()
-        manager.__exit__(None, None, None)
-        parts["session exit"] += (time.perf_counter() - start) * 1e3
-
-
-analyze_module.profiled = profiled_timed
+analyze_module.profiled = session_timed(analyze_module.profiled, add_part)
 analyze_module.record_step = timed("traced step", analyze_module.record_step)
 analyze_module._profiled_times = timed("event reading", analyze_module._profiled_times)
 capture.Trace.records = timed("pricing + links", capture.Trace.records)

@@ -10,7 +10,6 @@ import statistics
 import sys
 import time
 from collections import Counter, defaultdict
-from contextlib import contextmanager
 
 import torch
 from torch.autograd import DeviceType
@@ -20,30 +19,13 @@ sys.path.insert(0, HERE)
 import brrr  # noqa: E402,F401
 from brrr.analyze.capture import record_step  # noqa: E402
 from brrr.analyze.timing import profiled  # noqa: E402
-from probe_common import bert_base_inference, median_ms, time_kineto_calls  # noqa: E402
+from probe_common import bert_base_inference, median_ms, session_timed, time_kineto_calls  # noqa: E402
 
 analyze_module = sys.modules["brrr.analyze"]
 model, ids, step, ceil = bert_base_inference()
 calls = time_kineto_calls()
 parts = defaultdict(list)
-real_profiled = analyze_module.profiled
-
-
-@contextmanager
-def profiled_timed(*args, **kwargs):
-    start = time.perf_counter()
-    manager = real_profiled(*args, **kwargs)
-    prof = manager.__enter__()
-    parts["session enter"].append((time.perf_counter() - start) * 1e3)
-    try:
-        yield prof
-    finally:
-        start = time.perf_counter()
-        manager.__exit__(None, None, None)
-        parts["session exit"].append((time.perf_counter() - start) * 1e3)
-
-
-analyze_module.profiled = profiled_timed
+analyze_module.profiled = session_timed(analyze_module.profiled, lambda name, ms: parts[name].append(ms))
 real_record = analyze_module.record_step
 
 
