@@ -25,7 +25,7 @@ __all__ = ["analyze", "Analysis", "OpRecord"]
 
 STAGES = ("ceilings", "capture", "profile", "wall time", "classify")
 WALL_RUNS = 2  # plain steps timed for the wall time (the faster): the warm-up step and one more, unless the
-               # first comes within timing.WARM_TOLERANCE of this step's wall time in an earlier analysis
+               # first comes within timing.WARM_TOLERANCE of this step's last plain step in an earlier analysis
 WARM_WALLS = WarmWalls()
 
 

@@ -214,14 +214,9 @@ WARM_TOLERANCE = 0.10  # a plain run at most this much slower than the step's la
                        # this costs a second run, as a cold run would
 
 
-def wall_time(step, device, runs=1, recompiles=2, warm_s=None):
-    """Seconds of a plain step (no tracer, no profiler), synchronized on both sides: the fastest of
-    timed_runs(...)."""
-    return min(timed_runs(step, device, runs, recompiles, warm_s))
-
-
 def timed_runs(step, device, runs=1, recompiles=2, warm_s=None):
-    """Seconds of each of up to `runs` back-to-back plain runs of the step, synchronized on both sides.
+    """Seconds of each of up to `runs` back-to-back plain runs of the step (no tracer, no profiler),
+    synchronized on both sides; the wall time is the fastest.
 
     A run during which Dynamo compiled doesn't count and another takes its place (up to `recompiles` times):
     a compiled model's first call compiles, and so does its first plain call after an analysis, since the

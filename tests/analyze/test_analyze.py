@@ -99,7 +99,7 @@ def test_mlp_matmul_flops_match_flop_counter(mlp_target, mlp_analysis):
 
 @pytest.fixture
 def steady_clock(monkeypatch):
-    """wall_time's runs all take 1 ms (the step still runs): whether a run counts as warm is then decided by
+    """timed_runs' runs all take 1 ms (the step still runs): whether a run counts as warm is then decided by
     compiles and allocator growth alone, not by CPU timing noise."""
     import brrr.analyze.timing as timing
 

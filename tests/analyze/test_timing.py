@@ -7,7 +7,7 @@ import torch
 
 from brrr.analyze.capture import capture
 from brrr.analyze.step import Step
-from brrr.analyze.timing import device_busy_time, median_times, op_times, profiled, union_seconds, wall_time
+from brrr.analyze.timing import device_busy_time, median_times, op_times, profiled, timed_runs, union_seconds
 
 
 def test_union_counts_overlaps_once():
@@ -31,7 +31,7 @@ def test_every_op_of_a_cpu_step_gets_a_host_time():
     times = op_times(prof, len(records), cpu)
     assert [r.name for r in records] == ["aten.mm.default", "aten.relu.default", "aten.sum.default"]
     assert all(t > 0 for t in times)
-    busy, wall = device_busy_time(step, cpu), wall_time(step, cpu)
+    busy, wall = device_busy_time(step, cpu), min(timed_runs(step, cpu))
     assert 0 < busy and 0 < wall
     # the matmul (2.1 GFLOP) dominates the step; relu and sum touch 4 MB each
     assert times[0] > times[1] and times[0] > times[2]
@@ -198,11 +198,12 @@ def test_a_plain_run_during_which_dynamo_compiled_is_no_wall_time_sample(monkeyp
 
     monkeypatch.setattr(timing, "dynamo_frames_compiled", lambda: compiles[0])
     durations = iter([0.05, 0.002])
-    assert timing.wall_time(lambda: step(next(durations)), torch.device("cpu")) < 0.02
+    samples = timing.timed_runs(lambda: step(next(durations)), torch.device("cpu"))
+    assert len(samples) == 1 and samples[0] < 0.02
     assert len(runs) == 2
     # a step that compiles every time is what it is: after two more tries its run counts
     runs.clear()
-    assert timing.wall_time(lambda: step(0.03), torch.device("cpu")) >= 0.03
+    assert min(timing.timed_runs(lambda: step(0.03), torch.device("cpu"))) >= 0.03
     assert len(runs) == 3
 
 
@@ -219,7 +220,7 @@ def test_dynamo_compiles_are_counted():
 
 
 def _timed_runs(monkeypatch, durations):
-    """wall_time's clock replaced: each run's 'seconds' come from `durations`; returns the list of runs made."""
+    """timed_runs' clock replaced: each run's 'seconds' come from `durations`; returns the list of runs made."""
     import brrr.analyze.timing as timing
 
     runs, clock = [], iter(durations)
@@ -238,13 +239,13 @@ def test_a_run_as_fast_as_the_known_warm_time_is_the_wall_time(monkeypatch):
 
     cpu = torch.device("cpu")
     runs = _timed_runs(monkeypatch, [1.04e-3, 0.9e-3])
-    assert timing.wall_time(lambda: None, cpu, runs=2, warm_s=1e-3) == 1.04e-3 and len(runs) == 1
+    assert timing.timed_runs(lambda: None, cpu, runs=2, warm_s=1e-3) == [1.04e-3] and len(runs) == 1
     # slower than the known time by more than the tolerance: maybe cold, so the second run is taken
     runs = _timed_runs(monkeypatch, [1.2e-3, 1.01e-3])
-    assert timing.wall_time(lambda: None, cpu, runs=2, warm_s=1e-3) == 1.01e-3 and len(runs) == 2
+    assert timing.timed_runs(lambda: None, cpu, runs=2, warm_s=1e-3) == [1.2e-3, 1.01e-3] and len(runs) == 2
     # nothing known: the warm-up run and one more
     runs = _timed_runs(monkeypatch, [1.0e-3, 0.9e-3])
-    assert timing.wall_time(lambda: None, cpu, runs=2) == 0.9e-3 and len(runs) == 2
+    assert timing.timed_runs(lambda: None, cpu, runs=2) == [1.0e-3, 0.9e-3] and len(runs) == 2
 
 
 def test_a_fast_run_that_grew_the_allocator_or_compiled_is_not_warm(monkeypatch):
@@ -254,12 +255,12 @@ def test_a_fast_run_that_grew_the_allocator_or_compiled_is_not_warm(monkeypatch)
     reserved = iter(range(100))  # the allocator grows during every run
     monkeypatch.setattr(timing, "_reserved_bytes", lambda device: next(reserved))
     runs = _timed_runs(monkeypatch, [1e-3, 1e-3])
-    assert timing.wall_time(lambda: None, cpu, runs=2, warm_s=1e-3) == 1e-3 and len(runs) == 2
+    assert timing.timed_runs(lambda: None, cpu, runs=2, warm_s=1e-3) == [1e-3, 1e-3] and len(runs) == 2
     monkeypatch.setattr(timing, "_reserved_bytes", lambda device: 0)
     compiles = iter(range(100))  # Dynamo compiles during every run: after two skipped, runs count but aren't warm
     monkeypatch.setattr(timing, "dynamo_frames_compiled", lambda: next(compiles))
     runs = _timed_runs(monkeypatch, [1e-3] * 4)
-    assert timing.wall_time(lambda: None, cpu, runs=2, warm_s=1e-3) == 1e-3 and len(runs) == 4
+    assert timing.timed_runs(lambda: None, cpu, runs=2, warm_s=1e-3) == [1e-3, 1e-3] and len(runs) == 4
 
 
 def test_warm_walls_are_kept_per_model_and_step_signature():
