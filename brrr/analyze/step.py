@@ -69,8 +69,9 @@ class Step:
     def signature(self):
         """What, besides the model object itself, decides which kernels the step launches, as far as it is
         cheap to read: the model's mode and first parameter's dtype and device, the inputs' shapes, strides,
-        dtypes and devices, train, grad mode, autocast and the matmul precision settings. None when some
-        input can't be hashed. The same model with one signature runs the same program (timing.WarmWalls)."""
+        dtypes and devices, train, grad mode, autocast, the matmul precision settings, cuDNN autotuning and
+        deterministic algorithms. None when some input can't be hashed. The same model with one signature
+        runs the same program (timing.WarmWalls)."""
         model = self.model
         params = None
         if isinstance(model, torch.nn.Module):
@@ -78,7 +79,8 @@ class Step:
             params = (model.training, first.dtype, first.device) if first is not None else (model.training,)
         settings = (self.train, torch.is_grad_enabled(), torch.get_float32_matmul_precision(),
                     torch.backends.cuda.matmul.allow_tf32, torch.is_autocast_enabled("cuda"),
-                    torch.is_autocast_enabled("cpu"))
+                    torch.is_autocast_enabled("cpu"), torch.backends.cudnn.benchmark,
+                    torch.are_deterministic_algorithms_enabled())
         key = (params, _value_signature(self.inputs), settings)
         try:
             hash(key)
