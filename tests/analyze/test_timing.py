@@ -279,11 +279,10 @@ def test_warm_walls_are_kept_per_model_and_step_signature():
     assert walls.get(Step(model, (torch.randn(2, 4, dtype=torch.float64),))) is None
     assert walls.get(Step(model, (torch.randn(2, 4),), train=True)) is None
     assert walls.get(Step(torch.nn.Linear(4, 4), (torch.randn(2, 4),))) is None  # another model object
-    torch.backends.cudnn.benchmark = not torch.backends.cudnn.benchmark
-    try:
+    cudnn = torch.backends.cudnn
+    with cudnn.flags(enabled=cudnn.enabled, benchmark=not cudnn.benchmark, deterministic=cudnn.deterministic,
+                     allow_tf32=cudnn.allow_tf32):
         assert walls.get(step) is None                                  # cuDNN would autotune afresh
-    finally:
-        torch.backends.cudnn.benchmark = not torch.backends.cudnn.benchmark
     with torch.no_grad():
         assert walls.get(step) is None                                  # another grad mode
     assert walls.get(step) == 1e-3
