@@ -45,13 +45,13 @@ def analysis_cost(model, inputs, analyses=10):
     process, which also loads CUPTI, is reported on its own."""
     import brrr
 
-    ratios, totals, eagers = [], [], []
+    ratios, totals, eagers, walls = [], [], [], []
     first = None
     for i in range(analyses + 1):
         before = eager_step_time(model, inputs, reps=10)
         torch.cuda.synchronize()
         start = time.perf_counter()
-        brrr.analyze(model, *inputs)
+        analysis = brrr.analyze(model, *inputs)
         seconds = time.perf_counter() - start
         eager = (before + eager_step_time(model, inputs, reps=10)) / 2
         if i == 0:
@@ -60,7 +60,9 @@ def analysis_cost(model, inputs, analyses=10):
         ratios.append(seconds / eager)
         totals.append(seconds)
         eagers.append(eager)
-    return {"first_analyze_s": first[0], "first_analyze_over_eager": first[1], "analyses": analyses,
+        walls.append(analysis.wall_time_s)
+    return {"ratios": ratios, "eager_steps_s": eagers, "analysis_walls_s": walls,
+            "first_analyze_s": first[0], "first_analyze_over_eager": first[1], "analyses": analyses,
             "analyze_s": statistics.median(totals), "eager_step_s": statistics.median(eagers),
             "analyze_over_eager": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
 
@@ -123,6 +125,9 @@ def main():
                   f"{cost['analyze_s'] * 1e3:.0f} ms against an eager step of {cost['eager_step_s'] * 1e3:.2f} ms: "
                   f"{cost['analyze_over_eager']:.1f}x (median of {cost['analyses']}, range "
                   f"{cost['ratio_min']:.1f}-{cost['ratio_max']:.1f}x)")
+    wall_over_eager = [w / e for w, e in zip(cost["analysis_walls_s"], cost["eager_steps_s"])]
+    console.print(f"each analysis's wall time against the eager step around it: median "
+                  f"{statistics.median(wall_over_eager):.3f}, range {min(wall_over_eager):.3f}-{max(wall_over_eager):.3f}")
 
     if not args.skip_repeat:
         from brrr.experiments import repeat
