@@ -3,6 +3,7 @@
 The pipeline, one module per stage:
     step.py      the step: forward (no_grad), or forward + backward for train=True
     capture.py   TorchDispatchMode trace: every ATen op, its module, shapes, FLOPs, bytes, producers
+    replay.py    a step traced before, timed again without the tracer (its ops matched to profiler events)
     timing.py    torch.profiler: per-op device (CUDA) or host (CPU) time, wall time, device busy time
     regimes.py   roofline floor and regime per op / module / run; the op-class table
     advise.py    fusion, overhead and precision advice, each with a predicted saving
@@ -16,17 +17,20 @@ import torch
 
 from brrr.analyze.analysis import Analysis
 from brrr.callable_package import make_callable
-from brrr.analyze.capture import OUTSIDE_MODEL, OpRecord, gc_paused, record_step, trace_names
-from brrr.analyze.step import Step, resolve_device
-from brrr.analyze.timing import (WarmWalls, cuda_op_times, device_busy_time, dynamo_frames_compiled, median_times,
-                                 op_times, profiled, timed_runs)
+from brrr.analyze.capture import OUTSIDE_MODEL, OpRecord, gc_paused, record_step, step_range, trace_names
+from brrr.analyze.replay import expected_ops, match_ops, span_seconds
+from brrr.analyze.step import KnownSteps, Step, resolve_device
+from brrr.analyze.timing import (attribute_kernels, cuda_op_times, device_busy_time, dynamo_frames_compiled,
+                                 median_times, op_times, profiled, session_events, timed_runs)
 
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
 STAGES = ("ceilings", "capture", "profile", "wall time", "classify")
 WALL_RUNS = 2  # plain steps timed for the wall time (the faster): the warm-up step and one more, unless the
                # first comes within timing.WARM_TOLERANCE of this step's last plain step in an earlier analysis
-WARM_WALLS = WarmWalls()
+KNOWN_STEPS = KnownSteps()  # what earlier analyses in this process learned: last wall time, trace
+REPLAY_DEVICES = ("cuda",)  # where a step traced before is timed without the tracer (replay.py). Not on CPU: there
+                            # views take host time too, and the replay times only the ops that launch kernels
 
 
 @contextmanager
@@ -67,11 +71,53 @@ def _profiled_times(prof, count, device):
 
 
 def _traced_run(step, device):
-    """One step under the tracer and the profiler: (its Trace, per-op seconds, busy seconds, outside kernels)."""
-    # on CUDA only ops that launch kernels need a range: views and metadata ops take no device time
-    with profiled(device) as prof:
-        trace = record_step(step, range_kernel_free_ops=device.type != "cuda")
+    """One step under the tracer and the profiler: (its Trace, per-op seconds, busy seconds, outside kernels).
+    Traced again when Dynamo compiled during it: brrr's global module hooks are among what Dynamo guards on,
+    so a compiled model's first traced step recompiles, and compiling may autotune on the device (candidate
+    kernels would count as the step's)."""
+    for _ in range(2):
+        compiles = dynamo_frames_compiled()
+        # on CUDA only ops that launch kernels need a range: views and metadata ops take no device time
+        with profiled(device) as prof:
+            trace = record_step(step, range_kernel_free_ops=device.type != "cuda")
+        if dynamo_frames_compiled() == compiles:
+            break
     return (trace, *_profiled_times(prof, len(trace.raw), device))
+
+
+def _replayed_run(step, device, trace, expected):
+    """(per-op seconds, busy seconds or None, outside kernels) of one plain step in a profiler session, its
+    ATen events matched to the ops of `trace` (replay.py); None when they don't match, or Dynamo compiled."""
+    compiles = dynamo_frames_compiled()
+    with profiled(device, record_shapes=True) as prof:
+        with step_range():
+            step()
+    if dynamo_frames_compiled() != compiles:
+        return None
+    events = session_events(prof, {name for _, name, _ in expected})
+    spans = match_ops(events.marks, expected, events.step)
+    if spans is None:
+        return None
+    if device.type == "cuda":
+        return attribute_kernels(events, spans, len(trace.raw))
+    return span_seconds(spans, len(trace.raw)), None, []
+
+
+def _measured_run(step, device, known):
+    """(Trace, per-op seconds, busy seconds or None, outside kernels, expected ops or None) of one timed step:
+    timed against the known trace when this step was traced before and still runs the same ops, else traced.
+    A step whose replay failed once (its shapes depend on data, say) is traced from then on."""
+    replays = device.type in REPLAY_DEVICES
+    if replays and known is not None and known.expected is not None:
+        timed = _replayed_run(step, device, known.trace, known.expected)
+        if timed is not None:
+            return (known.trace, *timed, known.expected)
+        known.replayable, known.trace, known.expected = False, None, None
+    trace, times, busy, outside = _traced_run(step, device)
+    expected = expected_ops(trace) if replays else None
+    if known is not None and known.replayable:
+        known.trace, known.expected = trace, expected
+    return trace, times, busy, outside, expected
 
 
 def _kernel_records(outside, records):
@@ -109,28 +155,28 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         # compiles, autotuning, lazy initialization and a model that raises all happen outside the traced
         # step. They run before it, not after: a plain step right after a CUPTI session ran 5-10% slow on the
         # H100 (session 5, probe 6), which would read as overhead.
-        plain = timed_runs(step, device, runs=WALL_RUNS, warm_s=WARM_WALLS.get(step))
+        known = KNOWN_STEPS.get(step)
+        plain = timed_runs(step, device, runs=WALL_RUNS, warm_s=known.wall_s if known else None)
         wall = min(plain)
-        WARM_WALLS.put(step, plain[-1])
-        compiles = dynamo_frames_compiled()
-        trace, times, busy, outside = _traced_run(step, device)
-        if dynamo_frames_compiled() != compiles:
-            # Dynamo compiled in the traced step, warm-up or not: brrr's global module hooks are among what it
-            # guards on, so a compiled model's first traced step recompiles. Compiling may autotune, and
-            # candidate kernels would count as the step's: trace again, warm.
-            trace, times, busy, outside = _traced_run(step, device)
+        if known is not None:
+            known.wall_s = plain[-1]
+        trace, times, busy, outside, expected = _measured_run(step, device, known)
         records = trace.records()  # priced and linked once the profiler has stopped
-        names = [r.name for r in records]
         runs, busys = [times], [busy]
 
         stage("profile")
+        names = [r.name for r in records]
         for _ in range(profile_runs - 1):
-            with profiled(device) as prof:
-                run_names = trace_names(step, range_kernel_free_ops=device.type != "cuda")
-            if run_names == names:  # a step whose ops differ run to run keeps only the captured timing
-                times, busy, _ = _profiled_times(prof, len(records), device)
-                runs.append(times)
-                busys.append(busy)
+            # more timed runs of the same ops (a run whose ops differ doesn't count): replayed where it can be
+            if expected is not None:
+                timed = _replayed_run(step, device, trace, expected)
+            else:
+                with profiled(device) as prof:
+                    run_names = trace_names(step, range_kernel_free_ops=device.type != "cuda")
+                timed = _profiled_times(prof, len(records), device) if run_names == names else None
+            if timed is not None:
+                runs.append(timed[0])
+                busys.append(timed[1])
         for record, seconds in zip(records, median_times(runs)):
             record.time_s = seconds
         records += _kernel_records(outside, records)

@@ -611,7 +611,7 @@ def gc_paused():
             gc.enable()
 
 
-def _step_range(mark):
+def step_range(mark=True):
     return _op_range(STEP_RANGE) if mark else nullcontext()
 
 
@@ -621,7 +621,7 @@ def record_step(step, mark_ranges=True, range_kernel_free_ops=True):
     metadata ops get no profiler range (device timing only needs the ops that launch kernels)."""
     tracer = OpTracer(step.model, record_costs=True, mark_ranges=mark_ranges,
                       range_kernel_free_ops=range_kernel_free_ops)
-    with _step_range(mark_ranges), tracer, gc_paused(), warnings.catch_warnings():
+    with step_range(mark_ranges), tracer, gc_paused(), warnings.catch_warnings():
         # the module hooks are brrr's, for this step only: torch's warning about them is not the user's concern
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
         output = step()
@@ -637,6 +637,6 @@ def capture(step, mark_ranges=True):
 def trace_names(step, mark_ranges=True, range_kernel_free_ops=True):
     """Run `step` once marking ranges only (no pricing); returns the op names, to match against capture."""
     tracer = OpTracer(record_costs=False, mark_ranges=mark_ranges, range_kernel_free_ops=range_kernel_free_ops)
-    with _step_range(mark_ranges), tracer:
+    with step_range(mark_ranges), tracer:
         step()
     return tracer.names

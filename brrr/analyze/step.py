@@ -5,6 +5,9 @@ each run this same step, so the ops they see line up one to one. Also owns devic
 clear errors for bad input (no inputs, a model that raises, an output with nothing to differentiate).
 """
 
+import weakref
+from dataclasses import dataclass
+
 import torch
 
 from brrr.cost.ops import tensors_in
@@ -71,7 +74,7 @@ class Step:
         cheap to read: the model's mode and first parameter's dtype and device, the inputs' shapes, strides,
         dtypes and devices, train, grad mode, autocast, the matmul precision settings, cuDNN autotuning and
         deterministic algorithms. None when some input can't be hashed. The same model with one signature
-        runs the same program (timing.WarmWalls)."""
+        runs the same program (KnownSteps)."""
         model = self.model
         params = None
         if isinstance(model, torch.nn.Module):
@@ -109,3 +112,46 @@ class Step:
         except Exception as e:
             raise BrrrError(f"backward raised {type(e).__name__}: {e}") from e
         return self.output
+
+
+@dataclass
+class KnownStep:
+    """What an earlier analysis in this process learned about a step (same model, same Step.signature)."""
+
+    wall_s: float | None = None   # its last warm plain run (timing.timed_runs' warm_s)
+    trace: object = None          # its capture.Trace, to time it again without the tracer (replay.py)
+    expected: list | None = None  # replay.expected_ops of that trace
+    replayable: bool = True       # False once a replay found other ops: traced from then on
+
+
+class KnownSteps:
+    """KnownStep per model (held weakly) and Step.signature, for the steps analyzed in this process.
+
+    The first analysis of a step takes a warm-up run and one more for its wall time, and runs the step under
+    the tracer; a later analysis of the same step needs neither when what it measures agrees with what is
+    known (timing.timed_runs, replay.py). A model that can't be weakly referenced, or inputs that can't be
+    hashed, are never remembered. At most MAX_PER_MODEL signatures are kept per model (the latest)."""
+
+    MAX_PER_MODEL = 8
+
+    def __init__(self):
+        self._by_model = weakref.WeakKeyDictionary()
+
+    def _slot(self, step):
+        signature = step.signature()
+        try:
+            steps = self._by_model.setdefault(step.model, {}) if signature is not None else None
+        except TypeError:  # no weak reference to this callable
+            steps = None
+        return steps, signature
+
+    def get(self, step):
+        """The KnownStep of `step` (created empty on first use), or None when it can't be remembered."""
+        steps, signature = self._slot(step)
+        if steps is None:
+            return None
+        known = steps.pop(signature, None) or KnownStep()
+        steps[signature] = known  # most recently used last
+        while len(steps) > self.MAX_PER_MODEL:
+            del steps[next(iter(steps))]
+        return known

@@ -6,7 +6,8 @@ Three measurements of the same step:
   of the range.
 - wall time: a plain step (no tracer, no profiler), synchronized: the faster of the warm-up step and one
   more, both before the traced step (a plain step right after a CUPTI session runs slow for a while). A step
-  brrr has timed before in this process needs only the first when it is as fast as then (WarmWalls).
+  brrr has timed before in this process needs only the first when it is as fast as then
+  (step.KnownSteps).
 - device busy time: on CUDA the union of the traced run's kernel intervals (kernels take as long with the
   tracer as without; only the gaps between them grow); on CPU a plain profiled step's summed top-level ATen
   op time. Wall minus busy is time the device waited on the host (overhead).
@@ -21,7 +22,6 @@ import bisect
 import os
 import statistics
 import sys
-import weakref
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -36,7 +36,7 @@ from brrr.errors import BrrrError
 
 
 @contextmanager
-def profiled(device, warm_up=True):
+def profiled(device, warm_up=True, record_shapes=False):
     """A Kineto profiler session over CPU (and CUDA when the step runs there); yields the profiler, whose
     `kineto_results` hold the raw events once the session has ended.
 
@@ -45,7 +45,8 @@ def profiled(device, warm_up=True):
     trace metadata brrr never writes out.
 
     The first op in a fresh session runs slow (seen: the first matmul at twice its time on an H100), so by
-    default one tiny op runs first, outside any op range, to take that cost.
+    default one tiny op runs first, outside any op range, to take that cost. record_shapes: the ATen events
+    carry their inputs' shapes (replay.py checks them).
     """
     if torch.autograd._profiler_enabled():
         # Kineto runs one session at a time: starting brrr's would silently end the user's
@@ -54,7 +55,7 @@ def profiled(device, warm_up=True):
     tear_down = cuda and tear_down_cupti_after()
     synchronize(device)
     try:
-        with profile(use_cpu=True, use_device="cuda" if cuda else None, use_kineto=True,
+        with profile(use_cpu=True, use_device="cuda" if cuda else None, use_kineto=True, record_shapes=record_shapes,
                      experimental_config=_lean_config()) as prof:
             if warm_up:
                 torch.zeros(1, device=device).add_(1)
@@ -115,45 +116,74 @@ class CudaTimes(NamedTuple):
     outside: list     # [(kernel name, seconds, index of the op range before its launch or -1)]
 
 
-def cuda_op_times(prof, count):
-    """Per-op device seconds, busy seconds and the kernels launched outside every op range, of a profiled
-    tracer run on CUDA, from the raw Kineto events.
+class SessionEvents(NamedTuple):
+    """The raw Kineto events of a session that timing reads, from one pass (session_events)."""
 
-    A kernel launched inside the step range but outside every op range was launched by compiled code
-    (Triton kernels of torch.compile or brrr) rather than by an ATen op: it counts towards the busy time and
-    is returned in `outside`, in launch order. Returns None when the launch calls can't be linked to kernels
-    (an unexpected profiler version)."""
-    ranges, launches, kernels, step = [], {}, [], None
+    launches: dict    # correlation id -> start of the runtime/driver call that launched it
+    step: tuple       # (start, end) of the STEP_RANGE, or None
+    kernels: list     # [(correlation id, start, end, event)]
+    marks: list       # op spans: [(start, end, op index)] of the brrr#i ranges, or, with `wanted`, every CPU
+                      # event named in it: [(start, end, name, event)]; sorted, outer before inner
+
+
+def session_events(prof, wanted=None):
+    """One pass over every event of a profiler session with as few accessor calls as it can. A launch call is a
+    CUDA runtime or driver call: cudaLaunchKernel, cuLaunchKernelEx, ..."""
+    launches, kernels, marks, step = {}, [], [], None
     cpu, prefix, cut = DeviceType.CPU, RANGE_PREFIX, len(RANGE_PREFIX)
-    # one pass over every event of the session with as few accessor calls as it can (~1000 events per
-    # analysis). A launch call is a CUDA runtime or driver call: cudaLaunchKernel, cuLaunchKernelEx, ...
     for e in _kineto_events(prof):
         if e.device_type() == cpu:
             name = e.name()
             if name.startswith("cu") and (name[2:4] == "da" or name[2:3].isupper()):
                 launches[e.correlation_id()] = e.start_ns()
-            elif name.startswith(prefix):
-                ranges.append((e.start_ns(), e.end_ns(), int(name[cut:])))
             elif name == STEP_RANGE:
                 step = (e.start_ns(), e.end_ns())
+            elif wanted is None:
+                if name.startswith(prefix):
+                    marks.append((e.start_ns(), e.end_ns(), int(name[cut:])))
+            elif name in wanted:
+                marks.append((e.start_ns(), e.end_ns(), name, e))
         elif not e.is_user_annotation():
             kernels.append((e.correlation_id(), e.start_ns(), e.end_ns(), e))
-    ranges.sort()
-    starts = [r[0] for r in ranges]
+    marks.sort(key=_outer_first)
+    return SessionEvents(launches, step, kernels, marks)
+
+
+def _outer_first(mark):
+    return mark[0], -mark[1]  # by start; of two events starting together the longer (outer) first
+
+
+def cuda_op_times(prof, count):
+    """Per-op device seconds, busy seconds and the kernels launched outside every op range, of a profiled
+    tracer run on CUDA (its brrr#i ranges), from the raw Kineto events; None when the launch calls can't be
+    linked to kernels (an unexpected profiler version)."""
+    events = session_events(prof)
+    return attribute_kernels(events, events.marks, count)
+
+
+def attribute_kernels(events, spans, count):
+    """CudaTimes from op spans [(start, end, op index)], sorted by start: a kernel belongs to op i when the
+    call that launched it (same correlation id) started inside op i's span.
+
+    A kernel launched inside the step range but outside every op span was launched by compiled code
+    (Triton kernels of torch.compile or brrr) rather than by an ATen op: it counts towards the busy time and
+    is returned in `outside`, in launch order. None when no kernel could be linked to its launch."""
+    launches, step = events.launches, events.step
+    starts = [span[0] for span in spans]
     times, intervals, outside = [0.0] * count, [], []
-    for correlation, start, end, kernel in kernels:
+    for correlation, start, end, kernel in events.kernels:
         launched = launches.get(correlation)
         if launched is None:
             continue
         j = bisect.bisect_right(starts, launched) - 1
-        if j >= 0 and launched <= ranges[j][1] and ranges[j][2] < count:
-            times[ranges[j][2]] += (end - start) / 1e9
+        if j >= 0 and launched <= spans[j][1] and spans[j][2] < count:
+            times[spans[j][2]] += (end - start) / 1e9
         elif step is not None and step[0] <= launched <= step[1]:
-            outside.append((launched, kernel.name(), (end - start) / 1e9, ranges[j][2] if j >= 0 else -1))
+            outside.append((launched, kernel.name(), (end - start) / 1e9, spans[j][2] if j >= 0 else -1))
         else:
             continue  # the profiler's own warm-up op
         intervals.append((start, end))
-    if kernels and not intervals:
+    if events.kernels and not intervals:
         return None
     outside.sort()
     return CudaTimes(times, union_seconds(intervals) / 1e9, [entry[1:] for entry in outside])
@@ -222,7 +252,7 @@ def timed_runs(step, device, runs=1, recompiles=2, warm_s=None):
     a compiled model's first call compiles, and so does its first plain call after an analysis, since the
     tracer's global module hooks are among what Dynamo guards on.
 
-    warm_s: this step's last warm run, from an earlier analysis (WarmWalls). A run that takes at most
+    warm_s: this step's last warm run, from an earlier analysis (step.KnownSteps). A run that takes at most
     WARM_TOLERANCE longer, during which nothing compiled and the device allocator did not grow, was warm too:
     no more runs are taken."""
     samples, skipped = [], 0
@@ -243,39 +273,6 @@ def timed_runs(step, device, runs=1, recompiles=2, warm_s=None):
 def _reserved_bytes(device):
     """Device memory the caching allocator holds: it grows when a run allocates afresh (a cold run)."""
     return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
-
-
-class WarmWalls:
-    """The last warm plain run brrr timed of each step in this process, per model (held weakly) and
-    Step.signature, to pass to timed_runs as `warm_s`.
-
-    The first analysis of a step takes a warm-up run and one more (lazy kernel loading, cuBLAS and allocator
-    set-up, autotuning happen in the first); a later analysis of the same step, once its first run comes within
-    WARM_TOLERANCE of the known run, needs no second run. A run that is slower may be cold, or the host
-    slower: the second run is taken. What is remembered is the last run, warm in either case, not the faster
-    of two: a minimum would sit low in the run-to-run spread and send the next analyses to a second run
-    needlessly. A model that can't be weakly referenced, or inputs that can't be hashed, are never remembered
-    (two runs every time)."""
-
-    def __init__(self):
-        self._by_model = weakref.WeakKeyDictionary()
-
-    def _slot(self, step):
-        signature = step.signature()
-        try:
-            walls = self._by_model.setdefault(step.model, {}) if signature is not None else None
-        except TypeError:  # no weak reference to this callable
-            walls = None
-        return walls, signature
-
-    def get(self, step):
-        walls, signature = self._slot(step)
-        return walls.get(signature) if walls is not None else None
-
-    def put(self, step, seconds):
-        walls, signature = self._slot(step)
-        if walls is not None:
-            walls[signature] = seconds
 
 
 def union_seconds(intervals):

@@ -40,8 +40,8 @@ def test_every_op_of_a_cpu_step_gets_a_host_time():
 class FakeKinetoEvent:
     """The few accessors of torch's _KinetoEvent that cuda_op_times reads."""
 
-    def __init__(self, name, device_type, start, end, correlation=0, annotation=False):
-        self._v = (name, device_type, start, end, correlation, annotation)
+    def __init__(self, name, device_type, start, end, correlation=0, annotation=False, shapes=()):
+        self._v = (name, device_type, start, end, correlation, annotation, [list(s) for s in shapes])
 
     def name(self): return self._v[0]
     def device_type(self): return self._v[1]
@@ -50,6 +50,7 @@ class FakeKinetoEvent:
     def duration_ns(self): return self._v[3] - self._v[2]
     def correlation_id(self): return self._v[4]
     def is_user_annotation(self): return self._v[5]
+    def shapes(self): return self._v[6]
 
 
 def fake_profile(events):
@@ -263,16 +264,22 @@ def test_a_fast_run_that_grew_the_allocator_or_compiled_is_not_warm(monkeypatch)
     assert timing.timed_runs(lambda: None, cpu, runs=2, warm_s=1e-3) == [1e-3, 1e-3] and len(runs) == 4
 
 
-def test_warm_walls_are_kept_per_model_and_step_signature():
+def test_known_steps_are_kept_per_model_and_step_signature():
     import gc
 
-    from brrr.analyze.timing import WarmWalls
+    from brrr.analyze.step import KnownSteps
 
-    walls = WarmWalls()
+    known = KnownSteps()
     model = torch.nn.Linear(4, 4)
     step = Step(model, (torch.randn(2, 4),))
-    assert walls.get(step) is None
-    walls.put(step, 1e-3)
+    assert known.get(step).wall_s is None
+    known.get(step).wall_s = 1e-3
+
+    class Walls:  # the wall time known for a step, None when nothing is
+        def get(self, step):
+            return known.get(step).wall_s
+
+    walls = Walls()
     assert walls.get(Step(model, (torch.randn(2, 4),))) == 1e-3       # same model, same kind of input
     assert walls.get(Step(model, (torch.randn(3, 4),))) is None       # another shape
     assert walls.get(Step(model, (torch.randn(2, 4).t().contiguous().t(),))) is None  # another layout
@@ -294,20 +301,22 @@ def test_warm_walls_are_kept_per_model_and_step_signature():
     # nothing is kept alive or remembered for a model that is gone
     del model, step
     gc.collect()
-    assert len(walls._by_model) == 0
+    assert len(known._by_model) == 0
 
 
-def test_warm_walls_skip_what_they_cannot_key():
-    from brrr.analyze.timing import WarmWalls
+def test_known_steps_skip_what_they_cannot_key_and_keep_the_latest_signatures():
+    from brrr.analyze.step import KnownSteps
 
-    walls = WarmWalls()
+    known = KnownSteps()
     unhashable = Step(lambda x, opts: x, (torch.randn(2), {"a": {1, 2}}))  # a set among the inputs
-    walls.put(unhashable, 1e-3)
-    assert walls.get(unhashable) is None
+    assert known.get(unhashable) is None
     no_weakref = Step(torch.Tensor.relu, (torch.randn(2),))   # a method descriptor: no weak reference to it
-    walls.put(no_weakref, 1e-3)
-    assert walls.get(no_weakref) is None
-    hashable = Step(lambda x, opts: x, (torch.randn(2), {"a": [1, 2]}))  # lists and dicts are keyed by value
-    walls.put(hashable, 1e-3)
-    assert walls.get(hashable) == 1e-3
-
+    assert known.get(no_weakref) is None
+    model = lambda x, opts: x  # noqa: E731
+    hashable = Step(model, (torch.randn(2), {"a": [1, 2]}))   # lists and dicts are keyed by value
+    known.get(hashable).wall_s = 1e-3
+    assert known.get(Step(model, (torch.randn(2), {"a": [1, 2]}))).wall_s == 1e-3
+    for n in range(3, 3 + KnownSteps.MAX_PER_MODEL):          # as many other shapes: the oldest is dropped
+        known.get(Step(model, (torch.randn(n), {"a": [1, 2]}))).wall_s = n
+    assert known.get(hashable).wall_s is None
+    assert known.get(Step(model, (torch.randn(4), {"a": [1, 2]}))).wall_s == 4
