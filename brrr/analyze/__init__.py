@@ -18,8 +18,8 @@ import torch
 from brrr.analyze.analysis import Analysis
 from brrr.callable_package import make_callable
 from brrr.analyze.capture import OUTSIDE_MODEL, OpRecord, gc_paused, record_step, step_range, trace_names
-from brrr.analyze.replay import expected_ops, match_ops, span_seconds
-from brrr.analyze.step import KnownSteps, Step, resolve_device
+from brrr.analyze.replay import expected_ops, match_ops, model_state, span_seconds
+from brrr.analyze.step import KnownStep, KnownSteps, Step, resolve_device
 from brrr.analyze.timing import (attribute_kernels, cuda_op_times, device_busy_time, dynamo_frames_compiled,
                                  median_times, op_times, profiled, session_events, timed_runs)
 
@@ -62,19 +62,20 @@ def _tf32_enabled(device):
 
 
 def _profiled_times(prof, count, device):
-    """(per-op seconds, busy seconds or None, kernels launched outside every op) of one profiled tracer run."""
+    """(per-op seconds, busy seconds or None, kernels launched outside every op, kernels per op or None) of one
+    profiled tracer run."""
     if device.type == "cuda":
         fast = cuda_op_times(prof, count)
         if fast is not None:
             return fast
-    return op_times(prof, count, device), None, []
+    return op_times(prof, count, device), None, [], None
 
 
 def _traced_run(step, device):
-    """One step under the tracer and the profiler: (its Trace, per-op seconds, busy seconds, outside kernels).
-    Traced again when Dynamo compiled during it: brrr's global module hooks are among what Dynamo guards on,
-    so a compiled model's first traced step recompiles, and compiling may autotune on the device (candidate
-    kernels would count as the step's)."""
+    """One step under the tracer and the profiler: (its Trace, _profiled_times). Traced again when Dynamo
+    compiled during it: brrr's global module hooks are among what Dynamo guards on, so a compiled model's
+    first traced step recompiles, and compiling may autotune on the device (candidate kernels would count as
+    the step's)."""
     for _ in range(2):
         compiles = dynamo_frames_compiled()
         # on CUDA only ops that launch kernels need a range: views and metadata ops take no device time
@@ -82,42 +83,45 @@ def _traced_run(step, device):
             trace = record_step(step, range_kernel_free_ops=device.type != "cuda")
         if dynamo_frames_compiled() == compiles:
             break
-    return (trace, *_profiled_times(prof, len(trace.raw), device))
+    return trace, _profiled_times(prof, len(trace.raw), device)
 
 
-def _replayed_run(step, device, trace, expected):
-    """(per-op seconds, busy seconds or None, outside kernels) of one plain step in a profiler session, its
-    ATen events matched to the ops of `trace` (replay.py); None when they don't match, or Dynamo compiled."""
+def _replayed_run(step, device, known):
+    """(per-op seconds, busy seconds or None, outside kernels) of one plain step in a profiler session, timed
+    against the KnownStep's trace (replay.py); None when the step no longer runs that program: an op without
+    its event, another number of kernels from an op, other kernels outside the ops, or Dynamo compiled."""
     compiles = dynamo_frames_compiled()
-    with profiled(device, record_shapes=True) as prof:
+    with profiled(device) as prof:
         with step_range():
             step()
     if dynamo_frames_compiled() != compiles:
         return None
-    events = session_events(prof, {name for _, name, _ in expected})
-    spans = match_ops(events.marks, expected, events.step)
+    events = session_events(prof, {name for _, name in known.expected})
+    spans = match_ops(events.marks, known.expected, events.step)
     if spans is None:
         return None
-    if device.type == "cuda":
-        return attribute_kernels(events, spans, len(trace.raw))
-    return span_seconds(spans, len(trace.raw)), None, []
+    if device.type != "cuda":
+        return span_seconds(spans, len(known.trace.raw)), None, []
+    timed = attribute_kernels(events, spans, len(known.trace.raw))
+    if timed is None or timed.kernels != known.kernels or [k[0] for k in timed.outside] != known.outside:
+        return None
+    return timed[:3]
 
 
 def _measured_run(step, device, known):
-    """(Trace, per-op seconds, busy seconds or None, outside kernels, expected ops or None) of one timed step:
-    timed against the known trace when this step was traced before and still runs the same ops, else traced.
-    A step whose replay failed once (its shapes depend on data, say) is traced from then on."""
-    replays = device.type in REPLAY_DEVICES
-    if replays and known is not None and known.expected is not None:
-        timed = _replayed_run(step, device, known.trace, known.expected)
+    """(Trace, per-op seconds, busy seconds or None, outside kernels) of one timed step: replayed against the
+    KnownStep when the step was traced before and may be (replay.replayable), else traced, and `known` updated
+    for later runs. A step whose replay failed once is traced from then on."""
+    state = model_state(step.model)
+    if device.type in REPLAY_DEVICES and known.replayable and known.expected is not None and known.state == state:
+        timed = _replayed_run(step, device, known)
         if timed is not None:
-            return (known.trace, *timed, known.expected)
-        known.replayable, known.trace, known.expected = False, None, None
-    trace, times, busy, outside = _traced_run(step, device)
-    expected = expected_ops(trace) if replays else None
-    if known is not None and known.replayable:
-        known.trace, known.expected = trace, expected
-    return trace, times, busy, outside, expected
+            return (known.trace, *timed)
+        known.replayable = False
+    trace, (times, busy, outside, kernels) = _traced_run(step, device)
+    known.trace, known.state, known.kernels, known.outside = trace, state, kernels, [k[0] for k in outside]
+    known.expected = expected_ops(trace) if known.replayable and device.type in REPLAY_DEVICES else None
+    return trace, times, busy, outside
 
 
 def _kernel_records(outside, records):
@@ -155,12 +159,11 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         # compiles, autotuning, lazy initialization and a model that raises all happen outside the traced
         # step. They run before it, not after: a plain step right after a CUPTI session ran 5-10% slow on the
         # H100 (session 5, probe 6), which would read as overhead.
-        known = KNOWN_STEPS.get(step)
-        plain = timed_runs(step, device, runs=WALL_RUNS, warm_s=known.wall_s if known else None)
+        known = KNOWN_STEPS.get(step) or KnownStep()  # a step that can't be remembered: for this analysis
+        plain = timed_runs(step, device, runs=WALL_RUNS, warm_s=known.wall_s)
         wall = min(plain)
-        if known is not None:
-            known.wall_s = plain[-1]
-        trace, times, busy, outside, expected = _measured_run(step, device, known)
+        known.wall_s = plain[-1]
+        trace, times, busy, outside = _measured_run(step, device, known)
         records = trace.records()  # priced and linked once the profiler has stopped
         runs, busys = [times], [busy]
 
@@ -168,8 +171,8 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         names = [r.name for r in records]
         for _ in range(profile_runs - 1):
             # more timed runs of the same ops (a run whose ops differ doesn't count): replayed where it can be
-            if expected is not None:
-                timed = _replayed_run(step, device, trace, expected)
+            if known.expected is not None:
+                timed = _replayed_run(step, device, known)
             else:
                 with profiled(device) as prof:
                     run_names = trace_names(step, range_kernel_free_ops=device.type != "cuda")

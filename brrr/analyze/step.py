@@ -119,9 +119,12 @@ class KnownStep:
     """What an earlier analysis in this process learned about a step (same model, same Step.signature)."""
 
     wall_s: float | None = None   # its last warm plain run (timing.timed_runs' warm_s)
-    trace: object = None          # its capture.Trace, to time it again without the tracer (replay.py)
-    expected: list | None = None  # replay.expected_ops of that trace
-    replayable: bool = True       # False once a replay found other ops: traced from then on
+    trace: object = None          # its last capture.Trace, to time it again without the tracer (replay.py)
+    expected: list | None = None  # replay.expected_ops of that trace; None: not replayable
+    state: tuple | None = None    # replay.model_state when traced
+    kernels: list | None = None   # kernels each op launched in the traced run (CUDA)
+    outside: list | None = None   # names of the kernels compiled code launched outside every op, in order
+    replayable: bool = True       # False once a replay found another program: traced from then on
 
 
 class KnownSteps:

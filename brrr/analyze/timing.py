@@ -36,7 +36,7 @@ from brrr.errors import BrrrError
 
 
 @contextmanager
-def profiled(device, warm_up=True, record_shapes=False):
+def profiled(device, warm_up=True):
     """A Kineto profiler session over CPU (and CUDA when the step runs there); yields the profiler, whose
     `kineto_results` hold the raw events once the session has ended.
 
@@ -45,8 +45,7 @@ def profiled(device, warm_up=True, record_shapes=False):
     trace metadata brrr never writes out.
 
     The first op in a fresh session runs slow (seen: the first matmul at twice its time on an H100), so by
-    default one tiny op runs first, outside any op range, to take that cost. record_shapes: the ATen events
-    carry their inputs' shapes (replay.py checks them).
+    default one tiny op runs first, outside any op range, to take that cost.
     """
     if torch.autograd._profiler_enabled():
         # Kineto runs one session at a time: starting brrr's would silently end the user's
@@ -55,7 +54,7 @@ def profiled(device, warm_up=True, record_shapes=False):
     tear_down = cuda and tear_down_cupti_after()
     synchronize(device)
     try:
-        with profile(use_cpu=True, use_device="cuda" if cuda else None, use_kineto=True, record_shapes=record_shapes,
+        with profile(use_cpu=True, use_device="cuda" if cuda else None, use_kineto=True,
                      experimental_config=_lean_config()) as prof:
             if warm_up:
                 torch.zeros(1, device=device).add_(1)
@@ -114,6 +113,7 @@ class CudaTimes(NamedTuple):
     times: list       # device seconds per op index
     busy_s: float     # union of the step's kernel intervals
     outside: list     # [(kernel name, seconds, index of the op range before its launch or -1)]
+    kernels: list     # kernels launched per op index
 
 
 class SessionEvents(NamedTuple):
@@ -170,7 +170,7 @@ def attribute_kernels(events, spans, count):
     is returned in `outside`, in launch order. None when no kernel could be linked to its launch."""
     launches, step = events.launches, events.step
     starts = [span[0] for span in spans]
-    times, intervals, outside = [0.0] * count, [], []
+    times, intervals, outside, launched_by = [0.0] * count, [], [], [0] * count
     for correlation, start, end, kernel in events.kernels:
         launched = launches.get(correlation)
         if launched is None:
@@ -178,6 +178,7 @@ def attribute_kernels(events, spans, count):
         j = bisect.bisect_right(starts, launched) - 1
         if j >= 0 and launched <= spans[j][1] and spans[j][2] < count:
             times[spans[j][2]] += (end - start) / 1e9
+            launched_by[spans[j][2]] += 1
         elif step is not None and step[0] <= launched <= step[1]:
             outside.append((launched, kernel.name(), (end - start) / 1e9, spans[j][2] if j >= 0 else -1))
         else:
@@ -186,7 +187,7 @@ def attribute_kernels(events, spans, count):
     if events.kernels and not intervals:
         return None
     outside.sort()
-    return CudaTimes(times, union_seconds(intervals) / 1e9, [entry[1:] for entry in outside])
+    return CudaTimes(times, union_seconds(intervals) / 1e9, [entry[1:] for entry in outside], launched_by)
 
 
 def _device_time_us(event):

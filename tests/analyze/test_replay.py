@@ -8,7 +8,7 @@ from torch.autograd import DeviceType
 
 from brrr.analyze.capture import STEP_RANGE, record_step
 from brrr.analyze.replay import expected_ops, match_ops
-from brrr.analyze.step import Step
+from brrr.analyze.step import KnownStep, Step
 from brrr.analyze.timing import attribute_kernels, session_events
 from tests.analyze.test_timing import FakeKinetoEvent, fake_profile
 
@@ -60,20 +60,49 @@ def test_a_known_inference_step_is_timed_without_the_tracer(replays_on_cpu, cpu_
     assert replays_on_cpu == {"traced": 1, "replayed": 4, "replay failed": 0}
 
 
-def test_a_step_whose_shapes_changed_is_traced_again_and_from_then_on(replays_on_cpu, cpu_ceilings):
-    x = torch.linspace(-1, 1, 64)
+def test_a_step_whose_ops_changed_is_traced_again_and_from_then_on(replays_on_cpu, cpu_ceilings):
+    program = {"activation": torch.exp}
 
-    def positives(x):  # the shapes inside depend on the values: the step signature can't tell
+    def step(x):  # which op runs is Python state the step signature can't see
+        return program["activation"](x * 2)
+
+    x = torch.randn(64)
+    analyze_module.analyze(step, x, ceilings=cpu_ceilings, profile_runs=1)
+    program["activation"] = torch.sin
+    again = analyze_module.analyze(step, x, ceilings=cpu_ceilings, profile_runs=1)
+    assert replays_on_cpu == {"traced": 2, "replayed": 0, "replay failed": 1}
+    assert [op.name for op in again.ops] == ["aten.mul.Tensor", "aten.sin.default"]
+    analyze_module.analyze(step, x, ceilings=cpu_ceilings, profile_runs=1)
+    assert replays_on_cpu == {"traced": 3, "replayed": 0, "replay failed": 1}  # no more replays of this step
+
+
+def test_a_model_resized_in_place_is_traced_again(replays_on_cpu, cpu_ceilings):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        analyze_module.analyze(model, x, ceilings=cpu_ceilings, profile_runs=1)
+        model[0], model[2] = torch.nn.Linear(8, 32), torch.nn.Linear(32, 4)  # the same ops on other shapes
+        resized = analyze_module.analyze(model, x, ceilings=cpu_ceilings, profile_runs=1)
+        assert replays_on_cpu == {"traced": 2, "replayed": 0, "replay failed": 0}
+        assert [op.flops for op in resized.ops if op.name == "aten.addmm.default"] == [2 * 2 * 8 * 32, 2 * 2 * 32 * 4]
+        analyze_module.analyze(model, x, ceilings=cpu_ceilings, profile_runs=1)  # its new state is known now
+        assert replays_on_cpu == {"traced": 2, "replayed": 1, "replay failed": 0}
+
+
+def test_steps_whose_shapes_depend_on_data_are_not_replayed(replays_on_cpu, cpu_ceilings):
+    def positives(x):
         return x[x > 0].exp()
 
-    analyze_module.analyze(positives, x, ceilings=cpu_ceilings, profile_runs=1)
-    x.copy_(torch.linspace(-1, 3, 64))  # more positive values: exp reads a longer tensor
-    again = analyze_module.analyze(positives, x, ceilings=cpu_ceilings, profile_runs=1)
-    assert replays_on_cpu == {"traced": 2, "replayed": 0, "replay failed": 1}
-    [exp] = [op for op in again.ops if op.name == "aten.exp.default"]
-    assert exp.bytes_read == 4 * int((x > 0).sum())
-    analyze_module.analyze(positives, x, ceilings=cpu_ceilings, profile_runs=1)
-    assert replays_on_cpu == {"traced": 3, "replayed": 0, "replay failed": 1}  # no more replays of this step
+    def gathered(x):  # integer indices: shapes follow the index's shape, not the data
+        return x[torch.arange(4)].exp()
+
+    x = torch.linspace(-1, 1, 64)
+    for _ in range(2):
+        analyze_module.analyze(positives, x, ceilings=cpu_ceilings, profile_runs=1)
+    assert replays_on_cpu == {"traced": 2, "replayed": 0, "replay failed": 0}
+    for _ in range(2):
+        analyze_module.analyze(gathered, x, ceilings=cpu_ceilings, profile_runs=1)
+    assert replays_on_cpu == {"traced": 3, "replayed": 1, "replay failed": 0}
 
 
 def test_training_steps_are_not_replayed():
@@ -83,7 +112,12 @@ def test_training_steps_are_not_replayed():
     assert expected_ops(record_step(step, mark_ranges=False)) is None
     with torch.no_grad():
         inference = record_step(Step(model, (torch.randn(2, 4),)), mark_ranges=False)
-    assert [name for _, name, _ in expected_ops(inference)] == ["aten::addmm"]
+    assert expected_ops(inference) == [(1, "aten::addmm")]  # op 0: the weight's transpose (a view)
+
+
+def _known(step):
+    trace = record_step(step, mark_ranges=False)
+    return KnownStep(trace=trace, expected=expected_ops(trace))
 
 
 def test_real_profiler_events_match_the_traced_kernel_ops():
@@ -94,62 +128,86 @@ def test_real_profiler_events_match_the_traced_kernel_ops():
     model.eval()
     step = Step(model, inputs)
     step()
-    trace = record_step(step, mark_ranges=False)
-    expected = expected_ops(trace)
-    timed = analyze_module._replayed_run(step, torch.device("cpu"), trace, expected)
-    assert timed is not None
-    times, busy, outside = timed
-    kernel_ops = {index for index, _, _ in expected}
+    known = _known(step)
+    times, busy, outside = analyze_module._replayed_run(step, torch.device("cpu"), known)
+    kernel_ops = {index for index, _ in known.expected}
     assert all(times[i] > 0 for i in kernel_ops) and not any(times[i] for i in range(len(times)) if i not in kernel_ops)
-    # a different batch runs the same ops on other shapes: no match
-    other = Step(model, (inputs[0][:1],))
-    assert analyze_module._replayed_run(other, torch.device("cpu"), trace, expected) is None
+    # a step that runs other ops: no match
+    other = _known(Step(lambda ids: model(ids).last_hidden_state.softmax(-1), inputs))
+    assert analyze_module._replayed_run(step, torch.device("cpu"), other) is None
 
 
 def _marks(events, expected):
-    return session_events(fake_profile(events), {name for _, name, _ in expected})
+    return session_events(fake_profile(events), {name for _, name in expected})
 
 
 def test_matching_skips_composites_and_what_runs_inside_a_matched_op():
-    expected = [(0, "aten::_to_copy", ((4,),)), (2, "aten::copy_", ((4,), (4,))), (3, "aten::addmm", ((8,), (2, 8)))]
+    expected = [(0, "aten::_to_copy"), (2, "aten::copy_"), (3, "aten::addmm")]
     events = [
-        FakeKinetoEvent("aten::copy_", CPU, 1, 2, shapes=[(4,), (4,)]),     # before the step: the warm-up
+        FakeKinetoEvent("aten::copy_", CPU, 1, 2),      # before the step: the profiler's warm-up
         FakeKinetoEvent(STEP_RANGE, CPU, 5, 100),
-        FakeKinetoEvent("aten::to", CPU, 10, 30),                           # a composite around op 0
-        FakeKinetoEvent("aten::_to_copy", CPU, 11, 29, shapes=[(4,)]),
-        FakeKinetoEvent("aten::copy_", CPU, 15, 28, shapes=[(4,), (4,)]),   # inside op 0: not op 2
-        FakeKinetoEvent("aten::copy_", CPU, 31, 40, shapes=[(4,), (4,)]),
+        FakeKinetoEvent("aten::to", CPU, 10, 30),       # a composite around op 0
+        FakeKinetoEvent("aten::_to_copy", CPU, 11, 29),
+        FakeKinetoEvent("aten::copy_", CPU, 15, 28),    # inside op 0: not op 2
+        FakeKinetoEvent("aten::copy_", CPU, 31, 40),
         FakeKinetoEvent("aten::linear", CPU, 50, 70),
-        FakeKinetoEvent("aten::addmm", CPU, 52, 69, shapes=[(8,), (2, 8), ()]),  # 0-d and scalar inputs: no shape
+        FakeKinetoEvent("aten::addmm", CPU, 52, 69),
     ]
     events_read = _marks(events, expected)
     assert match_ops(events_read.marks, expected, events_read.step) == [(11, 29, 0), (31, 40, 2), (52, 69, 3)]
-    wrong_shape = expected[:2] + [(3, "aten::addmm", ((8,), (4, 8)))]
-    assert match_ops(events_read.marks, wrong_shape, events_read.step) is None
-    missing = expected + [(4, "aten::relu", ((2, 8),))]
+    missing = expected + [(4, "aten::relu")]
     assert match_ops(_marks(events, missing).marks, missing, events_read.step) is None
+    assert match_ops(events_read.marks, expected + [(4, "aten::addmm")], events_read.step) is None
 
 
-def test_replayed_kernels_belong_to_the_op_whose_event_launched_them():
-    expected = [(1, "aten::addmm", ((8,), (2, 8))), (3, "aten::gelu", ((2, 8),))]
-    events = [
+def _replay_events():
+    """A replayed CUDA step: addmm (op 1, one kernel) inside linear, a Triton kernel between ops, gelu (op 3)."""
+    return [
         FakeKinetoEvent("cudaLaunchKernel", CPU, 1, 2, correlation=900),    # the profiler's warm-up op
         FakeKinetoEvent(STEP_RANGE, CPU, 5, 100),
         FakeKinetoEvent("aten::linear", CPU, 10, 40),
-        FakeKinetoEvent("aten::addmm", CPU, 12, 39, shapes=[(8,), (2, 8)]),
+        FakeKinetoEvent("aten::addmm", CPU, 12, 39),
         FakeKinetoEvent("aten::empty", CPU, 13, 14),                        # not a traced name: not read
         FakeKinetoEvent("cudaLaunchKernel", CPU, 20, 21, correlation=901),
         FakeKinetoEvent("cuLaunchKernel", CPU, 42, 43, correlation=902),    # between ops: compiled code
-        FakeKinetoEvent("aten::gelu", CPU, 50, 60, shapes=[(2, 8)]),
+        FakeKinetoEvent("aten::gelu", CPU, 50, 60),
         FakeKinetoEvent("cudaLaunchKernel", CPU, 55, 56, correlation=903),
         FakeKinetoEvent("warmup", GPU, 3, 4, correlation=900),
         FakeKinetoEvent("gemm", GPU, 200, 1200, correlation=901),
         FakeKinetoEvent("triton_poi", GPU, 1200, 1300, correlation=902),
         FakeKinetoEvent("gelu", GPU, 1300, 1500, correlation=903),
     ]
-    events_read = _marks(events, expected)
+
+
+def test_replayed_kernels_belong_to_the_op_whose_event_launched_them():
+    expected = [(1, "aten::addmm"), (3, "aten::gelu")]
+    events_read = _marks(_replay_events(), expected)
     spans = match_ops(events_read.marks, expected, events_read.step)
-    times, busy, outside = attribute_kernels(events_read, spans, count=4)
+    times, busy, outside, kernels = attribute_kernels(events_read, spans, count=4)
     assert times == [0.0, 1000 / 1e9, 0.0, 200 / 1e9]
     assert busy == 1300 / 1e9
     assert outside == [("triton_poi", 100 / 1e9, 1)]
+    assert kernels == [0, 1, 0, 1]
+
+
+def test_a_cuda_replay_must_launch_the_traced_kernels(monkeypatch):
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    @contextmanager
+    def fake_session(device):
+        yield fake_profile(_replay_events())
+
+    monkeypatch.setattr(analyze_module, "profiled", fake_session)
+    trace = SimpleNamespace(raw=[None] * 4)
+    cuda = torch.device("cuda")
+
+    def replay(kernels, outside):
+        known = KnownStep(trace=trace, expected=[(1, "aten::addmm"), (3, "aten::gelu")], kernels=kernels,
+                          outside=outside)
+        return analyze_module._replayed_run(lambda: None, cuda, known)
+
+    assert replay([0, 1, 0, 1], ["triton_poi"]) == ([0.0, 1000 / 1e9, 0.0, 200 / 1e9], 1300 / 1e9,
+                                                    [("triton_poi", 100 / 1e9, 1)])
+    assert replay([0, 2, 0, 1], ["triton_poi"]) is None   # addmm launched two kernels when traced
+    assert replay([0, 1, 0, 1], []) is None               # compiled code launched no kernel when traced
