@@ -45,6 +45,15 @@ def analysis_cost(model, inputs, analyses=10):
     process, which also loads CUPTI, is reported on its own."""
     import brrr
 
+    analyze_module = sys.modules["brrr.analyze"]
+    real_replay, replays = analyze_module._replayed_run, {"matched": 0, "failed": 0}
+
+    def counted_replay(*args):  # how many analyses timed their known step without the tracer
+        timed = real_replay(*args)
+        replays["matched" if timed is not None else "failed"] += 1
+        return timed
+
+    analyze_module._replayed_run = counted_replay
     ratios, totals, eagers, walls = [], [], [], []
     first = None
     for i in range(analyses + 1):
@@ -61,7 +70,8 @@ def analysis_cost(model, inputs, analyses=10):
         totals.append(seconds)
         eagers.append(eager)
         walls.append(analysis.wall_time_s)
-    return {"ratios": ratios, "eager_steps_s": eagers, "analysis_walls_s": walls,
+    analyze_module._replayed_run = real_replay
+    return {"replays": replays, "ratios": ratios, "eager_steps_s": eagers, "analysis_walls_s": walls,
             "first_analyze_s": first[0], "first_analyze_over_eager": first[1], "analyses": analyses,
             "analyze_s": statistics.median(totals), "eager_step_s": statistics.median(eagers),
             "analyze_over_eager": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
@@ -124,7 +134,7 @@ def main():
                   f"({cost['first_analyze_over_eager']:.1f}x, CUPTI's one-time load included); then "
                   f"{cost['analyze_s'] * 1e3:.0f} ms against an eager step of {cost['eager_step_s'] * 1e3:.2f} ms: "
                   f"{cost['analyze_over_eager']:.1f}x (median of {cost['analyses']}, range "
-                  f"{cost['ratio_min']:.1f}-{cost['ratio_max']:.1f}x)")
+                  f"{cost['ratio_min']:.1f}-{cost['ratio_max']:.1f}x); replays of the known step {cost['replays']}")
     wall_over_eager = [w / e for w, e in zip(cost["analysis_walls_s"], cost["eager_steps_s"])]
     console.print(f"each analysis's wall time against the eager step around it: median "
                   f"{statistics.median(wall_over_eager):.3f}, range {min(wall_over_eager):.3f}-{max(wall_over_eager):.3f}")
