@@ -56,6 +56,7 @@ class StageClock:
         "capture": "capture (traced step)",  # before the capture was split in two
         "record_step": "capture (traced step)",
         "trace_names": "extra profiled steps",
+        "_replayed_run": "replayed step (CUDA)",
         "_profiled_times": "profiler event processing",
         "wall_time": "wall runs",  # before session 6
         "timed_runs": "wall runs",
