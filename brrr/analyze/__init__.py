@@ -110,8 +110,9 @@ def _replayed_run(step, device, known):
 
 def _measured_run(step, device, known):
     """(Trace, per-op seconds, busy seconds or None, outside kernels) of one timed step: replayed against the
-    KnownStep when the step was traced before and may be (replay.replayable), else traced, and `known` updated
-    for later runs. A step whose replay failed once is traced from then on."""
+    KnownStep when the step was traced before, its trace can be replayed (replay.expected_ops) and the model's
+    state is unchanged; else traced, and `known` updated for later runs. A step whose replay failed once is
+    traced from then on."""
     state = model_state(step.model)
     if device.type in REPLAY_DEVICES and known.replayable and known.expected is not None and known.state == state:
         timed = _replayed_run(step, device, known)

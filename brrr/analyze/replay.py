@@ -12,7 +12,7 @@ its name that starts after the last matched one ended. Kernels then belong to th
 launch call started in, as with the tracer's ranges (timing.attribute_kernels).
 
 The replay must find the traced program, or the step is traced afresh (and from then on):
-- replayable() refuses a trace whose shapes could change with the data (an op tagged dynamic_output_shape,
+- expected_ops refuses a trace whose shapes could change with the data (an op tagged dynamic_output_shape,
   such as nonzero or a boolean-mask index, or data_dependent_output, such as item()), a backward (the
   autograd engine's gradient accumulation `aten::add` reaches the dispatch mode but not the profiler) and an
   op with no ATen schema;

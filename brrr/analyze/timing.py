@@ -3,7 +3,8 @@
 Three measurements of the same step:
 - per-op time: the step runs under capture's tracer with a `brrr#<index>` profiler range around each op;
   on CUDA an op's time is the device time of the kernels launched inside its range, on CPU the host time
-  of the range.
+  of the range. A CUDA inference step traced before runs without the tracer instead, its ATen events
+  matched to the traced ops (replay.py); the kernels are attributed the same way (attribute_kernels).
 - wall time: a plain step (no tracer, no profiler), synchronized: the faster of the warm-up step and one
   more, both before the traced step (a plain step right after a CUPTI session runs slow for a while). A step
   brrr has timed before in this process needs only the first when it is as fast as then
