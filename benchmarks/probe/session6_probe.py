@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import brrr  # noqa: E402,F401
 from brrr.analyze import timing  # noqa: E402
-from probe_common import bert_base_inference, exit_unless_teardown_thread, median_ms  # noqa: E402
+from probe_common import bert_base_inference, exit_unless_teardown_thread, median_ms, note_analysis  # noqa: E402
 
 analyze_module = sys.modules["brrr.analyze"]
 exit_unless_teardown_thread(timing)
@@ -94,16 +94,10 @@ for r in range(ROUNDS):
         start = time.perf_counter()
         analysis = brrr.analyze(model, ids, ceilings=ceil)
         ms = (time.perf_counter() - start) * 1e3
-        after = eager_ms()
-        eager = (before + after) / 2
         row = rows[name]
-        row["ratio"].append(ms / eager)
-        row["analyze_ms"].append(ms)
-        row["eager_ms"].append(eager)
-        row["wall_vs_eager"].append(analysis.wall_time_s * 1e3 / eager)
+        note_analysis(row, ms, before, eager_ms(), analysis)
         row["plain_runs"].append(plain_runs[0])
         row["teardown_wait_ms"].append(waits[0] * 1e3)
-        row["eager_after_vs_before"].append(after / before)
 configure(True, True)
 
 print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {ROUNDS} rounds interleaved")
@@ -113,7 +107,7 @@ for name, row in rows.items():
     med = {k: statistics.median(v) for k, v in row.items()}
     print(f"{name:8s} {med['ratio']:6.2f}x {min(row['ratio']):5.2f}-{max(row['ratio']):5.2f} "
           f"{med['analyze_ms']:7.1f}  {med['eager_ms']:5.2f} {med['wall_vs_eager']:10.3f} "
-          f"{statistics.mean(row['plain_runs']):5.2f} {med['teardown_wait_ms']:8.2f} {med['eager_after_vs_before']:12.3f}")
+          f"{statistics.mean(row['plain_runs']):5.2f} {med['teardown_wait_ms']:8.2f} {med['after_vs_before']:12.3f}")
 for name, row in rows.items():
     print(name, "wall/eager per round:", " ".join(f"{v:.3f}" for v in row["wall_vs_eager"]))
 

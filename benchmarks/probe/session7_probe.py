@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import brrr  # noqa: E402,F401
 from brrr.analyze import capture, step as step_module  # noqa: E402
-from probe_common import bert_base_inference, median_ms, time_kineto_calls  # noqa: E402
+from probe_common import bert_base_inference, median_ms, note_analysis, time_kineto_calls  # noqa: E402
 
 analyze_module = sys.modules["brrr.analyze"]
 ROUNDS = int(os.environ.get("ROUNDS", "10"))
@@ -126,14 +126,8 @@ for r in range(ROUNDS):
         analysis = brrr.analyze(model, ids, ceilings=ceil)
         ms = (time.perf_counter() - start) * 1e3
         spent = since(mark)
-        after = eager_ms()
-        eager = (before + after) / 2
         row = rows[name]
-        row["ratio"].append(ms / eager)
-        row["analyze_ms"].append(ms)
-        row["eager_ms"].append(eager)
-        row["wall_vs_eager"].append(analysis.wall_time_s * 1e3 / eager)
-        row["after_vs_before"].append(after / before)
+        note_analysis(row, ms, before, eager_ms(), analysis)
         for k, v in spent.items():
             row[k].append(v)
         last[name] = analysis
