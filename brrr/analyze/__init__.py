@@ -113,15 +113,16 @@ def _measured_run(step, device, known):
     KnownStep when the step was traced before, its trace can be replayed (replay.expected_ops) and the model's
     state is unchanged; else traced, and `known` updated for later runs. A step whose replay failed once is
     traced from then on."""
-    state = model_state(step.model)
-    if device.type in REPLAY_DEVICES and known.replayable and known.expected is not None and known.state == state:
+    replays = device.type in REPLAY_DEVICES and known.replayable
+    state = model_state(step.model) if replays else None
+    if replays and known.expected is not None and known.state == state:
         timed = _replayed_run(step, device, known)
         if timed is not None:
             return (known.trace, *timed)
-        known.replayable = False
+        known.replayable = replays = False
     trace, (times, busy, outside, kernels) = _traced_run(step, device)
     known.trace, known.state, known.kernels, known.outside = trace, state, kernels, [k[0] for k in outside]
-    known.expected = expected_ops(trace) if known.replayable and device.type in REPLAY_DEVICES else None
+    known.expected = expected_ops(trace) if replays else None
     return trace, times, busy, outside
 
 

@@ -69,13 +69,13 @@ def model_state(model):
 
 def match_ops(marks, expected, step=None):
     """Op spans [(start, end, op index)] for `expected` (expected_ops) among `marks`, the session's CPU events
-    named like them as [(start, end, name, event)] sorted outer first (timing.session_events); only events
+    named like them as [(start, end, name)] sorted outer first (timing.session_events); only events
     inside `step` (start, end) count. None when an op has no matching event."""
     spans, j, count = [], 0, len(marks)
     reach, last = (step[0], step[1]) if step else (None, None)
     for index, name in expected:
         while j < count:
-            start, end, mark_name, _ = marks[j]
+            start, end, mark_name = marks[j]
             j += 1
             if mark_name == name and (reach is None or start >= reach) and (last is None or start <= last):
                 break

@@ -124,7 +124,7 @@ class SessionEvents(NamedTuple):
     step: tuple       # (start, end) of the STEP_RANGE, or None
     kernels: list     # [(correlation id, start, end, event)]
     marks: list       # op spans: [(start, end, op index)] of the brrr#i ranges, or, with `wanted`, every CPU
-                      # event named in it: [(start, end, name, event)]; sorted, outer before inner
+                      # event named in it: [(start, end, name)]; sorted, outer before inner
 
 
 def session_events(prof, wanted=None):
@@ -143,7 +143,7 @@ def session_events(prof, wanted=None):
                 if name.startswith(prefix):
                     marks.append((e.start_ns(), e.end_ns(), int(name[cut:])))
             elif name in wanted:
-                marks.append((e.start_ns(), e.end_ns(), name, e))
+                marks.append((e.start_ns(), e.end_ns(), name))
         elif not e.is_user_annotation():
             kernels.append((e.correlation_id(), e.start_ns(), e.end_ns(), e))
     marks.sort(key=_outer_first)

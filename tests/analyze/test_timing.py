@@ -40,8 +40,8 @@ def test_every_op_of_a_cpu_step_gets_a_host_time():
 class FakeKinetoEvent:
     """The few accessors of torch's _KinetoEvent that cuda_op_times reads."""
 
-    def __init__(self, name, device_type, start, end, correlation=0, annotation=False, shapes=()):
-        self._v = (name, device_type, start, end, correlation, annotation, [list(s) for s in shapes])
+    def __init__(self, name, device_type, start, end, correlation=0, annotation=False):
+        self._v = (name, device_type, start, end, correlation, annotation)
 
     def name(self): return self._v[0]
     def device_type(self): return self._v[1]
@@ -50,7 +50,6 @@ class FakeKinetoEvent:
     def duration_ns(self): return self._v[3] - self._v[2]
     def correlation_id(self): return self._v[4]
     def is_user_annotation(self): return self._v[5]
-    def shapes(self): return self._v[6]
 
 
 def fake_profile(events):
