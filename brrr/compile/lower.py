@@ -9,7 +9,7 @@ import operator
 
 import torch
 
-from brrr.compile import ir
+from brrr.compile import ir, mathops
 from brrr.compile.indexing import Ix, Term, unflatten
 from brrr.compile.ir import Const, IndexValue, Op
 
@@ -359,6 +359,10 @@ class Lowering:
         else:
             try:
                 out = fn(self, fx, *args, **kwargs)
+                for o in out if isinstance(out, tuple) else (out,):
+                    why = unrenderable(o)
+                    if why:
+                        raise NotLowered(why)
                 for i, o in enumerate(out if isinstance(out, tuple) else (out,)):
                     if isinstance(o, ir.Node):
                         v = val[i] if isinstance(out, tuple) else val
@@ -397,6 +401,31 @@ class Lowering:
         node.meta["not_tensor"] = True
         self.nodes.append(node)
         return node
+
+
+def unrenderable(node):
+    """Why codegen could not render `node`'s math (brrr.compile.mathops), or None. Checked while lowering, so
+    such an op runs as ATen on its own instead of failing its kernel later."""
+    if not isinstance(node, ir.Node) or node.kind == "buffer":
+        return None
+    shape = node.src_shape if node.kind == "reduction" else node.shape
+    if _numel(shape) == 0:   # nothing to compute: no kernel is launched
+        return None
+    index = unflatten(Ix.var("xindex", _numel(shape)), shape)
+    value = node.body(index) if node.kind == "reduction" else node.fn(index)
+    for v in ir.walk(value):
+        if isinstance(v, ir.Op):
+            why = mathops.refusal(v)
+            if why:
+                return why
+    return None
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def _tensors(v):

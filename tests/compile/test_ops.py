@@ -17,6 +17,7 @@ OPS = [
     "add", "sub", "mul", "div", "maximum", "minimum", "pow", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
     "remainder", "fmod", "where", "clamp", "masked_fill", "lerp", "nn.functional.hardtanh", "rsub",
     # reductions and composites
+    "atan", "asin", "acos", "atan2",
     "sum", "mean", "amax", "amin", "var", "var_mean", "std", "prod", "argmax", "argmin", "any", "all",
     "softmax", "log_softmax", "nn.functional.layer_norm", "nn.functional.rms_norm", "logsumexp",
     # views and data movement

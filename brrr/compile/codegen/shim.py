@@ -14,6 +14,39 @@ def tanh(x):
     t = (1.0 - e) / (1.0 + e)
     return tl.where(x < 0, -t, t)
 ''',
+    "atan": '''
+@triton.jit
+def atan(x):
+    # Cephes' atanf: reduce |x| to [0, tan(pi/8)], then an odd polynomial (fp32 accuracy)
+    a = tl.abs(x)
+    big = a > 2.414213562373095
+    mid = (a > 0.4142135623730950) & (a <= 2.414213562373095)
+    z = tl.where(big, -1.0 / tl.where(big, a, 1.0), tl.where(mid, (a - 1.0) / (a + 1.0), a))
+    base = tl.where(big, 1.5707963267948966, tl.where(mid, 0.7853981633974483, 0.0))
+    z2 = z * z
+    p = (((8.05374449538e-2 * z2 - 1.38776856032e-1) * z2 + 1.99777106478e-1) * z2 - 3.33329491539e-1) * z2 * z + z
+    r = base + p
+    return tl.where(x < 0, -r, r)
+''',
+    "atan2": '''
+@triton.jit
+def atan2(y, x):
+    # the angle of (x, y) in [-pi, pi] from atan of a ratio in [0, 1]; signed zeros and infinities as in C
+    ax = tl.abs(x)
+    ay = tl.abs(y)
+    swap = ay > ax
+    num = tl.where(swap, ax, ay)
+    den = tl.where(swap, ay, ax)
+    both_zero = (num == 0) & (den == 0)
+    both_inf = (num == float('inf')) & (den == float('inf'))
+    ratio = tl.where(both_zero, 0.0, tl.where(both_inf, 1.0, num / tl.where(both_zero, 1.0, den)))
+    t = atan(ratio)
+    t = tl.where(swap, 1.5707963267948966 - t, t)
+    neg_x = (x < 0) | ((x == 0) & ((1.0 / tl.where(x == 0, x, 1.0)) < 0))
+    t = tl.where(neg_x, 3.141592653589793 - t, t)
+    neg_y = (y < 0) | ((y == 0) & ((1.0 / tl.where(y == 0, y, 1.0)) < 0))
+    return tl.where(neg_y, -t, t)
+''',
     "pow": '''
 @triton.jit
 def pow(x, y):

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from brrr.compile import ir
+from brrr.compile import ir, mathops
 from brrr.compile.codegen.shim import prelude
 from brrr.compile.indexing import Ix, Opaque, linear
 
@@ -154,85 +154,14 @@ class Codegen:
         raise TypeError(f"cannot render {v!r}")
 
     def op(self, v, a, dts):
+        """Triton source for Op `v` over rendered operands `a` (dtypes `dts`), from brrr.compile.mathops."""
+        why = mathops.refusal(v)
+        if why is not None:
+            raise NotImplementedError(why)
         cdt = compute_dtype(v.dtype)
-        is_float = cdt.is_floating_point
         n = v.name
-        simple = {"add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "neg": "-{0}",
-                  "eq": "{0} == {1}", "ne": "{0} != {1}", "lt": "{0} < {1}", "le": "{0} <= {1}",
-                  "gt": "{0} > {1}", "ge": "{0} >= {1}", "and": "{0} & {1}", "or": "{0} | {1}", "xor": "{0} ^ {1}",
-                  "where": "tl.where({0}, {1}, {2})", "abs": "tl.abs({0})", "exp": "tl.exp({0})",
-                  "exp2": "tl.exp2({0})", "log": "tl.log({0})", "log2": "tl.log2({0})",
-                  "log10": "tl.log({0}) * 0.4342944819032518", "sqrt": "tl.sqrt({0})", "rsqrt": "tl.rsqrt({0})",
-                  "sin": "tl.sin({0})", "cos": "tl.cos({0})", "tan": "tl.sin({0}) / tl.cos({0})",
-                  "sigmoid": "tl.sigmoid({0})", "erf": "tl.math.erf({0})", "erfc": "1.0 - tl.math.erf({0})",
-                  "relu": "tl.where({0} < 0, 0, {0})", "reciprocal": "1.0 / {0}",
-                  "floor": "tl.math.floor({0})", "ceil": "tl.math.ceil({0})",
-                  "silu": "{0} * tl.sigmoid({0})", "square": "{0} * {0}",
-                  "gelu": "0.5 * {0} * (1.0 + tl.math.erf({0} * 0.7071067811865476))",
-                  "sinh": "0.5 * (tl.exp({0}) - tl.exp(-{0}))", "cosh": "0.5 * (tl.exp({0}) + tl.exp(-{0}))",
-                  "isnan": "{0} != {0}", "logical_not": "{0} == 0",
-                  "sign": "tl.where({0} > 0, 1, tl.where({0} < 0, -1, 0))"}
-        if n in ("floor", "ceil", "trunc", "round") and not is_float:
-            return a[0]
-        if n in simple:
-            if n == "sign" and is_float:
-                return f"tl.where({a[0]} > 0, 1.0, tl.where({a[0]} < 0, -1.0, {a[0]} * 0.0))"
-            return simple[n].format(*a)
-        if n == "div":
-            return f"{a[0]} / {a[1]}"
-        if n in ("maximum", "minimum"):
-            fn = "tl.maximum" if n == "maximum" else "tl.minimum"
-            return f"{fn}({a[0]}, {a[1]}, propagate_nan=tl.PropagateNan.ALL)" if is_float else f"{fn}({a[0]}, {a[1]})"
-        if n in ("tanh", "expm1", "log1p", "trunc"):
-            self.helpers.add(n)
-            return f"{n}({a[0]})"
-        if n == "gelu_tanh":
-            self.helpers.add("tanh")
-            x = a[0]
-            return f"0.5 * {x} * (1.0 + tanh(0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})))"
-        if n == "round":
-            self.helpers.add("round_half_even")
-            return f"round_half_even({a[0]})"
-        if n == "frac":
-            self.helpers.add("trunc")
-            return f"{a[0]} - trunc({a[0]})"
-        if n == "isinf":
-            return f"tl.abs({a[0]}) == float('inf')"
-        if n == "bitwise_not":
-            return f"{a[0]} == 0" if dts[0] == torch.bool else f"~{a[0]}"
-        if n in ("floordiv", "truncdiv", "remainder", "fmod"):
-            if is_float:
-                self.helpers.add("trunc")
-                return {"floordiv": "tl.math.floor({0} / {1})", "truncdiv": "trunc({0} / {1})",
-                        "remainder": "{0} - tl.math.floor({0} / {1}) * {1}",
-                        "fmod": "{0} - trunc({0} / {1}) * {1}"}[n].format(*a)
-            if n in ("floordiv", "remainder"):
-                h = "floordiv_int" if n == "floordiv" else "remainder_int"
-                self.helpers.add(h)
-                return f"{h}({a[0]}, {a[1]})"
-            return f"{a[0]} // {a[1]}" if n == "truncdiv" else f"{a[0]} % {a[1]}"
-        if n == "pow":
-            if not is_float:
-                raise NotImplementedError("integer pow")
-            self.helpers.add("pow")
-            return f"pow({a[0]}, {a[1]})"
         if n == "pow_scalar":
-            e = float(v.args[1].value)
-            x = a[0]
-            if e == int(e) and 0 <= e <= 4:
-                return " * ".join([x] * int(e)) if e else "1.0"
-            if e == 0.5:
-                return f"tl.sqrt({x})"
-            if e == -0.5:
-                return f"tl.rsqrt({x})"
-            if e == -1:
-                return f"1.0 / {x}"
-            if e == -2:
-                return f"1.0 / ({x} * {x})"
-            if not is_float:
-                raise NotImplementedError("integer pow")
-            self.helpers.add("pow")
-            return f"pow({x}, {literal(e, torch.float32)})"
+            return self.pow_scalar(a[0], float(v.args[1].value), cdt.is_floating_point)
         if n == "cast":
             src = compute_dtype(dts[0])
             if cdt == torch.bool:
@@ -240,7 +169,23 @@ class Codegen:
             return a[0] if src == cdt else f"tl.cast({a[0]}, {TL[cdt]})"
         if n == "round_to":
             return f"tl.cast(tl.cast({a[0]}, {TL[v.dtype]}), tl.float32)"
-        raise NotImplementedError(f"op {n}")
+        template, helpers = mathops.template(n, mathops.operand_kind(dts))
+        self.helpers.update(helpers)
+        return template.format(*a)
+
+    def pow_scalar(self, x, e, is_float):
+        if e == int(e) and 0 <= e <= 4:
+            return " * ".join([x] * int(e)) if e else ("1.0" if is_float else "1")
+        if e == 0.5:
+            return f"tl.sqrt({x})"
+        if e == -0.5:
+            return f"tl.rsqrt({x})"
+        if e == -1:
+            return f"1.0 / {x}"
+        if e == -2:
+            return f"1.0 / ({x} * {x})"
+        self.helpers.add("pow")
+        return f"pow({x}, {literal(e, torch.float32)})"
 
     # ------------------------------------------------------------------ kernel
     def store(self, scope, node, idx, value):

@@ -1,0 +1,133 @@
+"""The math ops of brrr's IR: one table that lowering checks and codegen renders (lower -> ir -> **codegen**).
+
+An `ir.Op` names an entry of `OPS`. For each kind of operand (float, int, bool) an entry gives the Triton
+expression that computes it (a format string over the rendered operands) and the shim helpers it calls
+(`codegen/shim.py`). Lowering keeps a node only when every Op in it has an expression here for its operands'
+kind (`refusal(op)` says why not; the ATen op then runs instead, at op scope); codegen renders from the same
+entries. So an op that lowers always renders, and a test walks the table to hold both sides to it.
+
+Floats are computed in fp32 (fp16/bf16 are loaded as fp32), so a float template sees fp32 or fp64 values.
+"""
+
+import torch
+
+FLOAT, INT, BOOL = "float", "int", "bool"
+ANY = "any"   # a template that serves every kind
+
+
+def _t(template, *helpers):
+    return (template, tuple(helpers))
+
+
+def _any(template, *helpers):
+    return {ANY: _t(template, *helpers)}
+
+
+def _float(template, *helpers):
+    return {FLOAT: _t(template, *helpers)}
+
+
+def _numeric(template, *helpers):
+    return {FLOAT: _t(template, *helpers), INT: _t(template, *helpers)}
+
+
+OPS = {
+    # arithmetic and comparisons: Triton's operators
+    "add": {FLOAT: _t("{0} + {1}"), INT: _t("{0} + {1}"), BOOL: _t("{0} | {1}")},
+    "sub": _numeric("{0} - {1}"),
+    "mul": {FLOAT: _t("{0} * {1}"), INT: _t("{0} * {1}"), BOOL: _t("{0} & {1}")},
+    "neg": _numeric("-{0}"),
+    "div": _float("{0} / {1}"),
+    "eq": _any("{0} == {1}"), "ne": _any("{0} != {1}"), "lt": _any("{0} < {1}"), "le": _any("{0} <= {1}"),
+    "gt": _any("{0} > {1}"), "ge": _any("{0} >= {1}"),
+    "and": {INT: _t("{0} & {1}"), BOOL: _t("{0} & {1}")}, "or": {INT: _t("{0} | {1}"), BOOL: _t("{0} | {1}")},
+    "xor": {INT: _t("{0} ^ {1}"), BOOL: _t("{0} ^ {1}")},
+    "where": _any("tl.where({0}, {1}, {2})"),
+    "maximum": {FLOAT: _t("tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"),
+                INT: _t("tl.maximum({0}, {1})"), BOOL: _t("{0} | {1}")},
+    "minimum": {FLOAT: _t("tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"),
+                INT: _t("tl.minimum({0}, {1})"), BOOL: _t("{0} & {1}")},
+    "abs": _numeric("tl.abs({0})"),
+    "square": _numeric("{0} * {0}"),
+    "sign": {FLOAT: _t("tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, {0} * 0.0))"),
+             INT: _t("tl.where({0} > 0, 1, tl.where({0} < 0, -1, 0))")},
+    "relu": _numeric("tl.where({0} < 0, 0, {0})"),
+    "floordiv": {FLOAT: _t("tl.math.floor({0} / {1})"), INT: _t("floordiv_int({0}, {1})", "floordiv_int")},
+    "truncdiv": {FLOAT: _t("trunc({0} / {1})", "trunc"), INT: _t("{0} // {1}")},
+    "remainder": {FLOAT: _t("{0} - tl.math.floor({0} / {1}) * {1}"),
+                  INT: _t("remainder_int({0}, {1})", "remainder_int")},
+    "fmod": {FLOAT: _t("{0} - trunc({0} / {1}) * {1}", "trunc"), INT: _t("{0} % {1}")},
+    # rounding: integers are already whole
+    "floor": {FLOAT: _t("tl.math.floor({0})"), INT: _t("{0}")},
+    "ceil": {FLOAT: _t("tl.math.ceil({0})"), INT: _t("{0}")},
+    "trunc": {FLOAT: _t("trunc({0})", "trunc"), INT: _t("{0}")},
+    "round": {FLOAT: _t("round_half_even({0})", "round_half_even"), INT: _t("{0}")},
+    "frac": _float("{0} - trunc({0})", "trunc"),
+    # transcendental: tl.math where it runs in the interpreter too, else a shim helper
+    "exp": _float("tl.exp({0})"), "exp2": _float("tl.exp2({0})"), "expm1": _float("expm1({0})", "expm1"),
+    "log": _float("tl.log({0})"), "log2": _float("tl.log2({0})"),
+    "log10": _float("tl.log({0}) * 0.4342944819032518"), "log1p": _float("log1p({0})", "log1p"),
+    "sqrt": _float("tl.sqrt({0})"), "rsqrt": _float("tl.rsqrt({0})"), "reciprocal": _float("1.0 / {0}"),
+    "sin": _float("tl.sin({0})"), "cos": _float("tl.cos({0})"), "tan": _float("tl.sin({0}) / tl.cos({0})"),
+    "atan": _float("atan({0})", "atan"), "atan2": _float("atan2({0}, {1})", "atan", "atan2"),
+    "asin": _float("atan2({0}, tl.sqrt((1.0 - {0}) * (1.0 + {0})))", "atan", "atan2"),
+    "acos": _float("atan2(tl.sqrt((1.0 - {0}) * (1.0 + {0})), {0})", "atan", "atan2"),
+    "sinh": _float("0.5 * (tl.exp({0}) - tl.exp(-{0}))"), "cosh": _float("0.5 * (tl.exp({0}) + tl.exp(-{0}))"),
+    "tanh": _float("tanh({0})", "tanh"),
+    "sigmoid": _float("tl.sigmoid({0})"), "silu": _float("{0} * tl.sigmoid({0})"),
+    "erf": _float("tl.math.erf({0})"), "erfc": _float("1.0 - tl.math.erf({0})"),
+    "gelu": _float("0.5 * {0} * (1.0 + tl.math.erf({0} * 0.7071067811865476))"),
+    "gelu_tanh": _float("0.5 * {0} * (1.0 + tanh(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0})))",
+                        "tanh"),
+    "pow": _float("pow({0}, {1})", "pow"),
+    # predicates
+    "isnan": {FLOAT: _t("{0} != {0}"), INT: _t("{0} != {0}"), BOOL: _t("{0} != {0}")},
+    "isinf": {FLOAT: _t("tl.abs({0}) == float('inf')"), INT: _t("{0} != {0}"), BOOL: _t("{0} != {0}")},
+    "logical_not": _any("{0} == 0"),
+    "bitwise_not": {INT: _t("~{0}"), BOOL: _t("{0} == 0")},
+    # rendered by codegen's own code, for every kind: dtype conversions and x ** constant
+    "cast": None, "round_to": None, "pow_scalar": None,
+}
+SPECIAL = frozenset(name for name, entry in OPS.items() if entry is None)
+# computed to fp32 accuracy by the shim (a polynomial), so float64 tensors keep ATen's exact result
+FP32_ACCURATE = frozenset({"atan", "atan2", "asin", "acos"})
+
+
+def kind_of(dtype):
+    if dtype == torch.bool:
+        return BOOL
+    return FLOAT if dtype.is_floating_point else INT
+
+
+def operand_kind(dtypes):
+    """The kind an op is rendered for: its widest operand (float > int > bool; `where`'s condition is bool)."""
+    kinds = {kind_of(d) for d in dtypes}
+    return FLOAT if FLOAT in kinds else INT if INT in kinds else BOOL
+
+
+def template(name, kind):
+    """(format string, helper names) for op `name` on operands of `kind`, or None if it is not rendered."""
+    entry = OPS.get(name)
+    if not entry:
+        return None
+    return entry.get(kind) or entry.get(ANY)
+
+
+def refusal(op):
+    """None when codegen renders `op` (an ir.Op), else why not."""
+    name = op.name
+    if name not in OPS:
+        return f"no kernel code for math op {name}"
+    kind = operand_kind([a.dtype for a in op.args])
+    if name == "pow_scalar":   # the exponent is a float constant; the base decides
+        exponent = float(op.args[1].value)
+        if kind_of(op.args[0].dtype) != FLOAT and not (exponent == int(exponent) and 0 <= exponent <= 4):
+            return f"integer pow with exponent {exponent:g}"
+        return None
+    if name in SPECIAL:
+        return None
+    if name in FP32_ACCURATE and any(a.dtype == torch.float64 for a in op.args):
+        return f"{name} in float64 (brrr's kernel code is fp32-accurate)"
+    if template(name, kind) is None:
+        return f"no kernel code for {name} on {kind} operands"
+    return None
