@@ -6,7 +6,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_suite():
-    spec = importlib.util.spec_from_file_location("run_suite", ROOT / "benchmarks" / "run_suite.py")
+    spec = importlib.util.spec_from_file_location("run_suite", ROOT / "benchmarks" / "suite" / "run_suite.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -17,8 +17,9 @@ def test_quick_suite_writes_json_and_markdown_and_records_failures(tmp_path):
     code = suite.main(["--quick", "--out", str(tmp_path), "--sections", "repeat,mlp,nonsense",
                        "--backends", "eager,aot_eager,no_such_backend_xyz", "--keep-caches"])
     assert code == 0
-    [json_path] = tmp_path.glob("*-cpu.json")
+    [json_path] = tmp_path.glob("*-cpu-*.json")  # <date>-<gpu>-<commit>.json
     results = json.loads(json_path.read_text())
+    assert json_path.stem.endswith("-cpu-" + results["environment"]["commit"])
     assert results["environment"]["mode"] == "quick" and "torch" in results["environment"]["versions"]
     sections = results["sections"]
     assert sections["mlp"]["status"] == "ok"

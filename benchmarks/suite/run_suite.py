@@ -1,27 +1,35 @@
 """The GPU benchmark suite, one command: seeds' experiments, the seed MLP, micro-benchmarks, BERT and GPT-2.
 
-    PYTHONPATH=$PWD python3 benchmarks/run_suite.py --out $OUT          # on the GPU machine, < 8 minutes
-    PYTHONPATH=$PWD python3 benchmarks/run_suite.py --quick --out /tmp  # CPU smoke run of the same code
+    PYTHONPATH=$PWD python3 benchmarks/suite/run_suite.py --out $OUT          # on the GPU machine, < 8 minutes
+    PYTHONPATH=$PWD python3 benchmarks/suite/run_suite.py --quick --out /tmp  # CPU smoke run of the same code
 
-Writes <out>/<date>-<gpu>.json and .md (rewritten after every section, so a cut-off run still leaves its
-numbers), plus the repeat sweep's PNGs. Sections start only while the time budget (--budget-s) lasts; a
-section or configuration that fails is recorded with its error and the suite goes on. Inductor and Triton
-caches point at a fresh directory (unless --keep-caches), so "cold compile" means cold.
+Writes <out>/<date>-<gpu>-<commit>.json and .md (rewritten after every section, so a cut-off run still leaves
+its numbers), plus the repeat sweep's PNGs beside them (`...-repeat-<backend>.png`). The default <out> is
+benchmarks/results/suite/; a recorded run gets a row in benchmarks/results/INDEX.md. Sections start only while
+the time budget (--budget-s) lasts; a section or configuration that fails is recorded with its error and the
+suite goes on. Inductor and Triton caches point at a fresh directory (unless --keep-caches), so "cold compile"
+means cold.
 """
 
 import argparse
 import os
-import re
 import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # suite_sections, suite_report; result_files
+
+from result_files import RESULTS, git_commit, result_stem, utc_date  # noqa: E402
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="benchmarks/results", help="directory for the JSON, Markdown and PNGs")
+    p.add_argument("--out", default=str(RESULTS / "suite"), help="directory for the JSON, Markdown and PNGs")
+    p.add_argument("--commit", help="the commit measured, for the file names (default: git rev-parse --short HEAD, "
+                                    "else 'nogit')")
     p.add_argument("--quick", action="store_true", help="CPU smoke run: tiny sizes, eager/aot_eager/brrr")
     p.add_argument("--sections", default="repeat,cos,mlp,micro,models",
                    help="comma-separated subset of: repeat, cos, mlp, micro, models")
@@ -40,10 +48,6 @@ def fresh_caches():
     return root
 
 
-def slug(text):
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
-
-
 def main(argv=None):
     args = parse_args(argv)
     cache_root = None if args.keep_caches else fresh_caches()
@@ -51,7 +55,6 @@ def main(argv=None):
     import torch
     from rich.console import Console
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import suite_report
     import suite_sections as suite
 
@@ -66,12 +69,11 @@ def main(argv=None):
     from brrr.experiments.common import device_name, versions
 
     name = device_name(device)
-    date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"{date}-{slug(name if device.type == 'cuda' else 'cpu')}"
+    date, commit = utc_date(), args.commit or git_commit()
+    stem = result_stem(args.out, name, commit=commit, date=date)
     results = {
-        "environment": {"device_name": name, "date": date, "utc": datetime.now(timezone.utc).isoformat(),
+        "environment": {"device_name": name, "date": date, "commit": commit,
+                        "utc": datetime.now(timezone.utc).isoformat(),
                         "versions": versions(), "mode": "quick" if args.quick else "full",
                         "backends": list(cfg["backends"]), "cache_dir": cache_root,
                         "config": {k: str(v) for k, v in cfg.items()}},

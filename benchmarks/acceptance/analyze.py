@@ -1,6 +1,6 @@
 """GPU acceptance for `brrr analyze` (issue 2), run on the device machine:
 
-    PYTHONPATH=$PWD python3 benchmarks/acceptance_analyze.py --out $OUT
+    PYTHONPATH=$PWD python3 benchmarks/acceptance/analyze.py --out $OUT
 
 1. `brrr ceilings` (fresh): copy bandwidth and bf16 matmul against ~3.0 TB/s and ~740 TFLOP/s.
 2. `brrr analyze` on BERT-base (bf16, 8x512, eager inference): the op-class table, from the profiler's
@@ -10,7 +10,9 @@
 4. `brrr experiment repeat` in fp32 with Inductor: where the knee falls.
 5. `brrr analyze --example mlp --device cuda` as a user runs it: a process that must exit (a lazy CUPTI
    teardown left pending once hung the process at exit).
-Writes analyze-acceptance.json (+ the BERT report as JSON/PNG/HTML and the repeat plot) under --out.
+Writes <date>-<gpu>-<commit>.json under --out (default benchmarks/results/acceptance-analyze/), and beside it
+the BERT report (`-bert-base-bf16-analysis.json/.html`, `-bert-base-bf16-roofline.png`) and the repeat plot
+(`-repeat-fp32-inductor.png`); keep the printed output as `<date>-<gpu>-<commit>.log` next to them.
 """
 
 import argparse
@@ -19,10 +21,15 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from result_files import RESULTS, git_commit, result_stem  # noqa: E402
 
 
 def eager_step_time(model, inputs, reps=20):
@@ -78,9 +85,9 @@ def analysis_cost(model, inputs, analyses=10):
             "analyze_over_eager": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
 
 
-def cli_exit_check(out, timeout_s=180):
+def cli_exit_check(timeout_s=180):
     """Run the CLI in its own process; it must write its JSON and exit, within timeout_s."""
-    path = os.path.join(out, "cli-mlp.json")
+    path = os.path.join(tempfile.mkdtemp(prefix="brrr-cli-"), "cli-mlp.json")
     command = [sys.executable, "-m", "brrr.cli", "analyze", "--example", "mlp", "--device", "cuda", "--json", path]
     start = time.perf_counter()
     try:
@@ -93,11 +100,15 @@ def cli_exit_check(out, timeout_s=180):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--out", default=os.environ.get("OUT", str(RESULTS / "acceptance-analyze")))
+    parser.add_argument("--commit", help="the commit measured, for the file names "
+                                         "(default: git rev-parse --short HEAD, else 'nogit')")
     parser.add_argument("--skip-repeat", action="store_true")
     args = parser.parse_args()
     console = Console(width=140)
-    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    commit = args.commit or git_commit()
+    stem = str(result_stem(args.out, torch.cuda.get_device_name(), commit=commit))
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit}
     import triton
 
     results["triton"] = triton.__version__
@@ -126,9 +137,9 @@ def main():
     profiler.runcall(brrr.analyze, model, *inputs)  # where an analysis spends its time, for the notes
     pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
     analysis.print(console)
-    analysis.save_json(os.path.join(args.out, "bert-base-bf16-analysis.json"))
-    analysis.save_png(os.path.join(args.out, "bert-base-bf16-roofline.png"))
-    analysis.save_html(os.path.join(args.out, "bert-base-bf16-analysis.html"))
+    analysis.save_json(f"{stem}-bert-base-bf16-analysis.json")
+    analysis.save_png(f"{stem}-bert-base-bf16-roofline.png")
+    analysis.save_html(f"{stem}-bert-base-bf16-analysis.html")
     results["bert_base_bf16"] = {
         **cost, "op_classes": analysis.op_classes, "regimes": analysis.regimes, "wall_time_s": analysis.wall_time_s,
     }
@@ -145,14 +156,15 @@ def main():
         from brrr.experiments import repeat
 
         rep = repeat.run(backend="inductor", device=torch.device("cuda"), dtype=torch.float32,
-                         png=os.path.join(args.out, "repeat-fp32-inductor.png"), progress=False)
+                         png=f"{stem}-repeat-fp32-inductor.png", progress=False)
         results["repeat_fp32_inductor"] = rep
 
-    results["cli_exit"] = cli_exit_check(args.out)
+    results["cli_exit"] = cli_exit_check()
     console.print(f"brrr analyze --example mlp (a separate process): {results['cli_exit']}")
 
-    with open(os.path.join(args.out, "analyze-acceptance.json"), "w") as f:
+    with open(f"{stem}.json", "w") as f:
         json.dump(results, f, indent=2, default=str)
+    console.print(f"wrote {stem}.json")
 
 
 if __name__ == "__main__":

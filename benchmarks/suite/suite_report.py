@@ -60,7 +60,8 @@ def repeat_table(entry):
 def render(results):
     env = results["environment"]
     out = [f"# brrr benchmark suite — {env['device_name']}", "",
-           f"date {env['date']} · torch {env['versions']['torch']} · triton {env['versions']['triton']} · "
+           f"date {env['date']} · commit {env.get('commit', '—')} · torch {env['versions']['torch']} · "
+           f"triton {env['versions']['triton']} · "
            f"mode {env['mode']} · total {results.get('elapsed_s', 0):.0f} s", ""]
     ceilings = results["sections"].get("ceilings", {})
     if ceilings.get("status") == "ok":

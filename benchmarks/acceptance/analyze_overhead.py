@@ -1,13 +1,14 @@
 """What `brrr.analyze` costs on top of the step it analyzes, on CPU, stage by stage.
 
-    .venv/bin/python benchmarks/analyze_overhead.py [--train] [--batch 1 --seq 8] [--repeats 5]
-    PYTHONPATH=$PWD python3 benchmarks/analyze_overhead.py --device cuda --dtype bf16 --batch 8 --seq 512
+    .venv/bin/python benchmarks/acceptance/analyze_overhead.py [--train] [--batch 1 --seq 8] [--repeats 5]
+    PYTHONPATH=$PWD python3 benchmarks/acceptance/analyze_overhead.py --device cuda --dtype bf16 --batch 8 --seq 512
 
 BERT-base with a tiny input (1x8 tokens by default), so host overhead dominates as it does for BERT-base
 bf16 8x512 on an H100 (470 ATen ops in ~8.4 ms). Prints the eager step, the extra host cost per op of
 `capture()` (with and without a profiler around it), the seconds of each stage of `analyze()` (timed by
 wrapping the functions analyze calls, so the real code path runs) and the analyze / eager ratio. The
-ceilings come from the cache (`brrr ceilings` once first), as in the acceptance run.
+ceilings come from the cache (`brrr ceilings` once first), as in the acceptance run. A GPU run's output is kept
+as benchmarks/results/acceptance-analyze/<date>-<gpu>-<commit>-overhead.log.
 """
 
 import argparse
@@ -58,7 +59,7 @@ class StageClock:
         "trace_names": "extra profiled steps",
         "_replayed_run": "replayed step (CUDA)",
         "_profiled_times": "profiler event processing",
-        "wall_time": "wall runs",  # before session 6
+        "wall_time": "wall runs",  # before 9eadf11 (timed_runs)
         "timed_runs": "wall runs",
         "device_busy_time": "busy-time step",
     }

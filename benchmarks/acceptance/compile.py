@@ -1,6 +1,6 @@
 """GPU acceptance for the compiler (issue 3), run on the device machine:
 
-    PYTHONPATH=$PWD python3 benchmarks/acceptance_compile.py --out $OUT [--parts micro,mlp,bert]
+    PYTHONPATH=$PWD python3 benchmarks/acceptance/compile.py --out $OUT [--parts micro,mlp,bert]
 
 micro: softmax and layer norm, bf16, [16384, 1024] and [4096, 4096], as a fraction of the measured copy
        bandwidth, timed from CUDA-graph replays (the kernels' own time) beside do_bench per call.
@@ -8,7 +8,8 @@ mlp:   the seed MLP, bf16, batch 16384: inference and a training step; eager, br
        and Inductor (last), in one process.
 bert:  BERT-base, bf16, 8x512: training step and inference, the same backends; cold compile
        (parts bert-train / bert-inference run one of the two). gpt2: the same for GPT-2 small.
-Every configuration's table is printed; all numbers go to <out>/compile-acceptance.json.
+Every configuration's table is printed; all numbers go to <out>/<date>-<gpu>-<commit>.json (default <out>:
+benchmarks/results/acceptance-compile/; keep the printed output beside it as <date>-<gpu>-<commit>.log).
 """
 
 import argparse
@@ -20,17 +21,21 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "suite"), str(HERE.parent)]  # suite_sections; result_files
 
+from result_files import RESULTS, git_commit, result_stem  # noqa: E402
 
 # Inductor last: its compile workers start up in the background and slow the host for whoever is timed next
-# (session 3, probe 2), which matters for host-bound steps
+# (NOTES.md, "Inductor's compile workers disturb whoever is timed next"), which matters for host-bound steps
 BACKENDS = ("eager", "brrr", "brrr-cudagraphs", "inductor")
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--out", default=os.environ.get("OUT", str(RESULTS / "acceptance-compile")))
+    p.add_argument("--commit", help="the commit measured, for the file names "
+                                    "(default: git rev-parse --short HEAD, else 'nogit')")
     p.add_argument("--parts", default="micro,mlp,bert")
     p.add_argument("--budget-s", type=float, default=540.0)
     args = p.parse_args()
@@ -44,9 +49,10 @@ def main():
     console = Console(width=200)
     budget = suite.Budget(args.budget_s)
     ceilings = get_ceilings("cuda", progress=False)
+    commit = args.commit or git_commit()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-               "copy_bandwidth": ceilings.bandwidth}
-    path = os.path.join(args.out, "compile-acceptance.json")
+               "commit": commit, "copy_bandwidth": ceilings.bandwidth}
+    path = f"{result_stem(args.out, torch.cuda.get_device_name(), commit=commit)}.json"
 
     def save():
         with open(path, "w") as f:

@@ -1,0 +1,47 @@
+"""Names of recorded benchmark results: `benchmarks/results/<kind>/<date>-<gpu>-<commit>[-<what>].<ext>`.
+
+The suite and the acceptance scripts name what they write with `result_stem`, so a file says on its own which
+code (the checkout's short commit hash) it measured on which machine (the GPU's short name) and when (UTC date).
+`benchmarks/results/INDEX.md` lists every recorded file with its headline figure.
+"""
+
+import re
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def gpu_slug(device_name):
+    """The device's short name: 'NVIDIA H100 80GB HBM3' -> 'h100', 'NVIDIA A100-SXM4-80GB' -> 'a100',
+    'cpu (x86_64, 16 threads)' -> 'cpu'; the whole name as a slug when no word mixes letters and digits."""
+    words = re.findall(r"[a-z0-9]+", device_name.lower())
+    if words and words[0] == "cpu":
+        return "cpu"
+    for word in words:
+        if re.search(r"[a-z]", word) and re.search(r"[0-9]", word):
+            return word
+    return "-".join(words) or "device"
+
+
+def git_commit(cwd=None):
+    """The short hash of the checkout's HEAD, or 'nogit' where there is no git or no repository."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=cwd or Path(__file__).resolve().parent,
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "nogit"
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "nogit"
+
+
+def utc_date():
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
+
+
+def result_stem(out_dir, device_name, commit=None, date=None):
+    """`out_dir/<date>-<gpu>-<commit>` (a Path without extension); a run's files add `-<what>` and their
+    extension to it. The directory is created."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir / f"{date or utc_date()}-{gpu_slug(device_name)}-{commit or git_commit()}"

@@ -1,0 +1,23 @@
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("result_files", ROOT / "benchmarks" / "result_files.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_result_names_carry_date_gpu_and_commit(tmp_path):
+    names = _load()
+    assert names.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert names.gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
+    assert names.gpu_slug("cpu (x86_64, 16 threads)") == "cpu"
+    assert names.gpu_slug("NVIDIA GeForce RTX 4090") == "nvidia-geforce-rtx-4090"
+    stem = names.result_stem(tmp_path / "suite", "NVIDIA H200", commit="abc1234", date="2026-11-22")
+    assert stem == tmp_path / "suite" / "2026-11-22-h200-abc1234" and stem.parent.is_dir()
+    commit = names.git_commit(cwd=tmp_path)  # not a repository
+    assert commit == "nogit" or len(commit) >= 7
