@@ -160,7 +160,7 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         # the plain steps that give the wall time run first and back to back; the first is also the warm-up:
         # compiles, autotuning, lazy initialization and a model that raises all happen outside the traced
         # step. They run before it, not after: a plain step right after a CUPTI session ran 5-10% slow on the
-        # H100 (session 5, probe 6), which would read as overhead.
+        # H100 (`results/probes/...-d719300-wall-after-cupti.log`), which would read as overhead.
         known = KNOWN_STEPS.get(step) or KnownStep()  # a step that can't be remembered: for this analysis
         plain = timed_runs(step, device, runs=WALL_RUNS, warm_s=known.wall_s)
         wall = min(plain)

@@ -20,9 +20,9 @@ The replay must find the traced program, or the step is traced afresh (and from 
 - every traced kernel op finds its event, in order; each op launches as many kernels as in the traced run,
   and compiled code launches the same kernels outside the ops (checked by the caller).
 Input shapes are not read back from the events: recording them (record_shapes) made Kineto's stop ~4x slower
-on the H100 host (session 7, probe 2), which cost the replay its gain. A change that keeps the op sequence,
-the kernel counts and the model's state but changes inner shapes (a Python attribute that reshapes) would go
-unseen; Step.signature covers the inputs, the mode, autocast and the matmul settings.
+on the H100 host (`benchmarks/results/probes/2026-11-22-h100-04f38bf-replay-with-shapes.log`), which cost the
+replay its gain. A change that keeps the op sequence, the kernel counts and the model's state but changes
+inner shapes (a Python attribute that reshapes) would go unseen; Step.signature covers the inputs, the mode, autocast and the matmul settings.
 """
 
 import torch

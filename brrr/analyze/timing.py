@@ -76,8 +76,8 @@ def tear_down_cupti_after():
     True when the session will tear down.
 
     Left attached, CUPTI keeps instrumenting every launch: on the H100 host a BERT-base step ran 27-45% slower
-    for the rest of the process after one analysis (session 3, probe 7), which would slow the user's own
-    training and inflate the wall time of any later analysis. The price is a re-initialization per analysis
+    for the rest of the process after one analysis (`results/probes/...-df1d808-cupti-teardown.log`), which
+    would slow the user's own training and inflate the wall time of any later analysis. The price is a re-initialization per analysis
     (~12 ms). CUDA before 12.6 could crash re-initializing CUPTI after CUDA graphs, so it is left alone there.
     """
     cuda = getattr(torch.version, "cuda", None)

@@ -300,7 +300,7 @@ class Codegen:
             persistent = True
         if persistent:
             # tiles of ~2048 elements: the seed MLP's layer norm (rows of 1024, written over the matmul's output)
-            # took 18.6 us as 2 rows x 4 warps, 21.4 as 4 rows x 8 warps (session 3, probe 9)
+            # took 18.6 us as 2 rows x 4 warps, 21.4 as 4 rows x 8 warps (results/probes/...-66852fc-layer-norm-in-context.log)
             xblock = max(1, min(next_pow2(X), max(1, PERSISTENT_TILE // rblock), 64 if inner_kept else 4096))
         else:
             rblock = 32 if inner_kept else LOOPED_RBLOCK
