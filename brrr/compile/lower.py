@@ -269,13 +269,14 @@ def kept_index(src_idx, dims, out_shape):
 class Lowering:
     """Walks an FX graph and builds IR nodes; `nodes` keeps creation order (a valid topological order)."""
 
-    def __init__(self, gm):
+    def __init__(self, gm, forced=None):
         self.gm = gm
+        self.forced = dict(forced or {})   # fx node -> reason: ops of a kernel that failed, run as ATen
         self.env = {}
         self.nodes = []
         self.outputs = []
         self.counter = 0
-        self.fallbacks = []     # (fx node, reason)
+        self.fallbacks = []     # (fx node, reason, scope): scope "op" (refused here) or "kernel" (forced)
         self.externs = []
         self.seeds = {}
         self.index_checks = []  # (graph-input index buffer, lowest valid value, size, op): checked per call
@@ -346,6 +347,8 @@ class Lowering:
         reason = None
         if is_extern(name):
             return self.buffer_op(fx, "extern", "")
+        if fx in self.forced:
+            return self.buffer_op(fx, "fallback", self.forced[fx], scope="kernel")
         prim = getattr(fx.target, "namespace", "aten") == "prims"
         fn = PRIMS.get(name) if prim else LOWERINGS.get(name)
         if prim and fn is None and name in LOWERINGS and name not in ("sum", "var", "amax", "amin", "prod", "div"):
@@ -377,10 +380,10 @@ class Lowering:
                 reason = f"lowering failed: {type(e).__name__}: {e}"
         return self.buffer_op(fx, "fallback", reason)
 
-    def buffer_op(self, fx, producer, reason):
+    def buffer_op(self, fx, producer, reason, scope="op"):
         val = meta(fx)
         if producer == "fallback":
-            self.fallbacks.append((fx, reason))
+            self.fallbacks.append((fx, reason, scope))
         else:
             self.externs.append(fx)
 
@@ -390,6 +393,7 @@ class Lowering:
                              ops=(op_name(fx.target),))
             node.meta["fake"] = t
             node.meta["out_index"] = i
+            node.meta["scope"] = scope
             self.nodes.append(node)
             return node
         if isinstance(val, torch.Tensor):
@@ -399,6 +403,7 @@ class Lowering:
         node = ir.buffer(fx.name, (), (), torch.float32, producer, fx=fx, reason=reason, ops=(op_name(fx.target),))
         node.meta["fake"] = val
         node.meta["not_tensor"] = True
+        node.meta["scope"] = scope
         self.nodes.append(node)
         return node
 
@@ -442,8 +447,9 @@ def _nodes(args, kwargs):
     return out
 
 
-def lower(gm):
-    return Lowering(gm).run()
+def lower(gm, forced=None):
+    """`gm` as IR; `forced` maps FX nodes to the reason they must run as ATen calls (a failed kernel's ops)."""
+    return Lowering(gm, forced).run()
 
 
 # the op families register themselves in LOWERINGS / PRIMS

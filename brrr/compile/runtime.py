@@ -17,33 +17,18 @@ import importlib.util
 import os
 import sys
 import tempfile
-import warnings
 from collections import Counter
 
 import torch
 
-from brrr.compile import ir
+from brrr.compile import fallbacks, ir
+from brrr.compile.fallbacks import KernelFailed, MAX_REPLANS, debugging, is_out_of_memory, recover, warn_once
 from brrr.compile.graphs import GraphedCall
 from brrr.compile.inplace import reused_memory
 from brrr.compile.launch import Launcher
 from brrr.compile.codegen.triton import generate
 
-_WARNED = set()
 _MODULES = {}
-
-
-def warn_once(reason):
-    if reason not in _WARNED:
-        _WARNED.add(reason)
-        warnings.warn(f"brrr: {reason}", stacklevel=3)
-
-
-def recover(exc, what, then):
-    """A failure inside brrr: raised under BRRR_DEBUG=1 (the tests), else warned once while the caller goes on
-    as `then` says (the model never breaks because of brrr)."""
-    if os.environ.get("BRRR_DEBUG") == "1":
-        raise exc
-    warn_once(f"{what} ({type(exc).__name__}: {str(exc)[:200]}); {then}")
 
 
 def cache_dir():
@@ -103,6 +88,12 @@ def load_kernel(source, name, device):
     raise RuntimeError("unreachable")
 
 
+def kernel_fx_nodes(kernel, rendered=()):
+    """The FX nodes whose values `kernel` computes: its roots and every node rendered inside it."""
+    nodes = list(kernel.roots) + list(rendered)
+    return tuple(dict.fromkeys(n.fx for n in nodes if n.fx is not None and n.fx.op == "call_function"))
+
+
 def generate_all(plan):
     """KernelSource per kernel step (reverse order, so a reduction read by a later kernel is stored)."""
     stored = set(plan.stored)
@@ -116,10 +107,15 @@ def generate_all(plan):
         if kind != "kernel":
             continue
         load_stored = {n for n in stored if n.kind == "pointwise" and kernel_of.get(n) is not k}
-        src, refs = generate(k, stored, load_stored, kernel_of)
-        devices = {str(_device_of(a)) for a in src.args}
-        if len(devices) > 1:   # e.g. a CPU scalar tensor read by a CUDA kernel: let ATen handle this graph
-            raise NotImplementedError(f"kernel {k.name} reads tensors on several devices {sorted(devices)}")
+        try:
+            src, refs = generate(k, stored, load_stored, kernel_of)
+            devices = {str(_device_of(a)) for a in src.args}
+            if len(devices) > 1:   # e.g. a CPU scalar tensor read by a CUDA kernel: its ops run as ATen
+                raise NotImplementedError(f"kernel {k.name} reads tensors on several devices {sorted(devices)}")
+        except Exception as e:
+            if debugging() or is_out_of_memory(e):
+                raise
+            raise KernelFailed(k.name, "generate", e, kernel_fx_nodes(k, getattr(e, "brrr_rendered", ()))) from e
         out[k] = src
         stored |= refs
     plan.stored = stored
@@ -141,9 +137,10 @@ class CompiledGraph:
     """Calls the generated `call`; on the first call, any failure reruns the graph as ATen (once, warned).
     Boxed calling convention (AOTAutograd passes one list of arguments)."""
 
-    def __init__(self, call, gm, source, cuda_graphs=False, device=None):
+    def __init__(self, call, gm, source, cuda_graphs=False, device=None, kind="graph"):
         self._boxed_call = True   # in the instance dict: wrappers (functools.wraps) copy it
-        self.call, self.gm, self.source = call, gm, source
+        self.call, self.gm, self.source, self.kind = call, gm, source, kind
+        self.replan = None        # KernelFailed -> a CompiledGraph without that kernel, or None (backend sets it)
         self.verified = False
         self.cuda_graphs = cuda_graphs
         self.device = device  # CUDA index: allocations and launches go to the current device, made this one
@@ -177,20 +174,36 @@ class CompiledGraph:
                 if not graphed.usable:
                     self.graphed = None
             return self.call(args)
-        try:
-            out = self.call(args)
-        except Exception as e:
-            recover(e, "a generated kernel failed", "running this graph as ATen")
-            self.call = lambda a: self.gm(*a)
-            self.verified = True
-            return self.call(args)
+        out = self._first_call(args)
         self.verified = True
-        if self.cuda_graphs:
+        if self.cuda_graphs and self.call is not self._aten_call:
             self.graphed = GraphedCall(self.call, args, self.lend, self.pin)
         return out
 
+    def _first_call(self, args):
+        """The first call checks what brrr made. A kernel that fails to compile or launch has the graph
+        re-planned with its ops as ATen calls (`replan`, bounded by the re-plans left); any other failure of
+        brrr's, or running out of re-plans, runs the graph's own FX module. The graph never writes into its
+        inputs, so a call that failed half-way can simply run again."""
+        while True:
+            try:
+                return self.call(args)
+            except Exception as e:
+                if debugging() or is_out_of_memory(e):
+                    raise
+                replanned = self.replan(e) if isinstance(e, KernelFailed) and self.replan is not None else None
+                if replanned is None:
+                    fallbacks.log("graph", self.kind, "first call", f"{type(e).__name__}: {str(e)[:200]}")
+                    recover(e, "a generated kernel failed", "running this graph as ATen")
+                    self.call = self._aten_call
+                    return self.call(args)
+                self.call, self.source = replanned.call, replanned.source
 
-def build(plan, gm, cuda_graphs=False):
+    def _aten_call(self, args):
+        return self.gm(*args)
+
+
+def build(plan, gm, cuda_graphs=False, kind="graph"):
     kernels = generate_all(plan)
     reused = reused_memory(plan, kernels)
     names, glb = {}, {"torch": torch, "empty_strided": torch.empty_strided, "empty_cuda": _EMPTY_CUDA,
@@ -234,7 +247,7 @@ def build(plan, gm, cuda_graphs=False):
         dev = seed.meta["device"]
         lines.append(f"    {var(seed)} = torch.randint(0, 2**31 - 1, (1,), device={const(torch.device(dev))})")
     done_fx = {}
-    launches = []
+    launches, kernel_steps = [], {}
     allocated = set()
     for kind, step in plan.steps:
         if kind == "aten":
@@ -295,6 +308,7 @@ def build(plan, gm, cuda_graphs=False):
                 continue
             glb[ks.name] = None
             launches.append(ks)
+            kernel_steps[ks.name] = step
             lines.append(f"    {ks.name}({', '.join(var(a) for a in ks.args)})  # grid {ks.grid}, {ks.meta}")
     outs = [var(o) if isinstance(o, ir.Node) else const(o) for o in L.outputs]
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
@@ -303,7 +317,14 @@ def build(plan, gm, cuda_graphs=False):
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, max(1, len(launches)))) as pool:
         futs = {ks.name: pool.submit(_load_and_warm, ks, device) for ks in launches}
         for ks in launches:
-            glb[ks.name] = Launcher(futs[ks.name].result(), ks.grid, ks.meta)
+            fx_nodes = kernel_fx_nodes(kernel_steps[ks.name], ks.nodes)
+            try:
+                jit_fn = futs[ks.name].result()
+            except Exception as e:
+                if debugging() or is_out_of_memory(e):
+                    raise
+                raise KernelFailed(ks.name, "compile", e, fx_nodes) from e
+            glb[ks.name] = Launcher(jit_fn, ks.grid, ks.meta, name=ks.name, fx_nodes=fx_nodes)
     filename = f"<brrr call {hash(source) & 0xffffff:x}>"
     dump_dir = os.environ.get("BRRR_DUMP_DIR")
     if dump_dir:  # the generated call, to read beside a traceback that points into it
@@ -311,7 +332,8 @@ def build(plan, gm, cuda_graphs=False):
         with open(os.path.join(dump_dir, f"call-{hash(source) & 0xffffff:x}.py"), "w") as f:
             f.write(source)
     exec(compile(source, filename, "exec"), glb)
-    return CompiledGraph(glb["call"], gm, source, cuda_graphs=cuda_graphs, device=_cuda_device(plan)), kernels
+    return CompiledGraph(glb["call"], gm, source, cuda_graphs=cuda_graphs, device=_cuda_device(plan),
+                         kind=kind), kernels
 
 
 def _fake_of(node):
@@ -463,8 +485,12 @@ def _device_name(plan):
 def _load_and_warm(ks, device):
     k = load_kernel(ks.source, ks.name, device)
     if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available():
+        from triton.compiler.errors import CompilationError
+
         try:   # compile now, in this worker, rather than at the first launch (dtypes stand in for tensors)
             k.warmup(*[a.dtype for a in ks.args], grid=ks.grid, **ks.meta)
+        except CompilationError:
+            raise   # the kernel itself is broken: build() re-plans without it
         except Exception:
-            pass
+            pass    # warm-up could not run here; the first launch compiles (and reports) instead
     return k

@@ -34,9 +34,10 @@ def next_pow2(n):
 class KernelSource:
     """the generated module for one kernel and what the runtime needs to launch it."""
 
-    def __init__(self, name, source, args, grid, meta, ops, bytes_moved, stores):
+    def __init__(self, name, source, args, grid, meta, ops, bytes_moved, stores, nodes=()):
         self.name, self.source, self.args, self.grid, self.meta = name, source, args, grid, meta
         self.ops, self.bytes, self.stores = ops, bytes_moved, stores
+        self.nodes = tuple(nodes)   # the IR nodes computed inside the kernel (roots and inlined producers)
 
 
 class Scope:
@@ -473,6 +474,9 @@ def generate(kernel, stored, load_stored, kernel_of):
             if not cg.int64 and needs_int64(kernel, cg):
                 continue
             break
+    except Exception as e:
+        e.brrr_rendered = tuple(cg.ops_nodes)   # what a re-plan must run as ATen (fallbacks.KernelFailed)
+        raise
     finally:
         ir.LOAD_STORED = prev
     args = list(cg.inputs) + list(cg.outputs)
@@ -488,7 +492,7 @@ def generate(kernel, stored, load_stored, kernel_of):
     for n in sorted(cg.ops_nodes, key=lambda n: n.name):
         ops.extend(o for o in n.ops if o not in ("view", "_unsafe_view", "alias"))
     return KernelSource(kernel.name, src, args, meta.pop("grid"), meta, sorted(set(ops)), 0,
-                        list(cg.outputs)), cg.external_reduce_refs
+                        list(cg.outputs), sorted(cg.ops_nodes, key=lambda n: n.name)), cg.external_reduce_refs
 
 
 def needs_int64(kernel, cg):
