@@ -13,6 +13,7 @@ symbolic shapes, planning failures): eager's ops at eager's speed, with one warn
 import contextlib
 import functools
 import os
+import sys
 
 import torch
 
@@ -95,6 +96,9 @@ def plan_graph(gm, forced=None):
     """FX graph -> scheduled Plan (no kernels run, nothing compiled); `forced` FX nodes run as ATen calls."""
     from brrr.compile.lower import lower
     from brrr.compile.schedule import schedule
+    # a node's value inlines its chain of pointwise producers, one Python call per link: a backward graph's
+    # gradient sums chain hundreds (Inductor raises the limit for the same reason)
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
     return schedule(lower(gm, forced))
 
 

@@ -363,7 +363,7 @@ class Lowering:
             try:
                 out = fn(self, fx, *args, **kwargs)
                 for o in out if isinstance(out, tuple) else (out,):
-                    why = unrenderable(o)
+                    why = unrenderable(o, self.added)
                     if why:
                         raise NotLowered(why)
                 for i, o in enumerate(out if isinstance(out, tuple) else (out,)):
@@ -408,16 +408,21 @@ class Lowering:
         return node
 
 
-def unrenderable(node):
+def unrenderable(node, lowered):
     """Why codegen could not render `node`'s math (brrr.compile.mathops), or None. Checked while lowering, so
-    such an op runs as ATen on its own instead of failing its kernel later."""
+    such an op runs as ATen on its own instead of failing its kernel later. The nodes already `lowered` were
+    checked: they are read as loads here rather than inlined, so each node's own math is walked once."""
     if not isinstance(node, ir.Node) or node.kind == "buffer":
         return None
     shape = node.src_shape if node.kind == "reduction" else node.shape
     if _numel(shape) == 0:   # nothing to compute: no kernel is launched
         return None
     index = unflatten(Ix.var("xindex", _numel(shape)), shape)
-    value = node.body(index) if node.kind == "reduction" else node.fn(index)
+    previous, ir.LOAD_STORED = ir.LOAD_STORED, lowered
+    try:
+        value = node.body(index) if node.kind == "reduction" else node.fn(index)
+    finally:
+        ir.LOAD_STORED = previous
     for v in ir.walk(value):
         if isinstance(v, ir.Op):
             why = mathops.refusal(v)

@@ -314,7 +314,8 @@ def build(plan, gm, cuda_graphs=False, kind="graph"):
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     source = "\n".join(free_dead_buffers(drop_unused_views(lines))) + "\n"
     device = _device_name(plan)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, max(1, len(launches)))) as pool:
+    # Triton compiles kernels mostly outside the GIL (MLIR passes, ptxas): one thread per core
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(os.cpu_count() or 8, max(1, len(launches)))) as pool:
         futs = {ks.name: pool.submit(_load_and_warm, ks, device) for ks in launches}
         for ks in launches:
             fx_nodes = kernel_fx_nodes(kernel_steps[ks.name], ks.nodes)
