@@ -38,7 +38,10 @@ def parse_args(argv=None):
     p.add_argument("--backends", default=None, help=f"comma-separated (default {DEFAULT_BACKENDS})")
     p.add_argument("--quick", action="store_true", help="CPU smoke run: tiny models, eager,aot_eager,brrr")
     p.add_argument("--budget-s", type=float, default=480.0,
-                   help="no configuration starts after this many seconds (a started one finishes)")
+                   help="no configuration starts after this many seconds (a started one finishes); the warm "
+                        "compiles get what is left, at least --warm-reserve-s")
+    p.add_argument("--warm-reserve-s", type=float, default=45.0,
+                   help="seconds of the budget kept for the warm-compile process")
     p.add_argument("--warm-compile", default="brrr,inductor",
                    help="backends whose warm compile a new process measures ('none' to skip)")
     p.add_argument("--rep-ms", type=float, default=None, help="do_bench's timed milliseconds per backend")
@@ -91,14 +94,18 @@ def run_config(config, backends, device, dtype, quick, rep_ms):
     return entry
 
 
-def first_calls(configs, backends, device, dtype, quick):
-    """{config: {backend: seconds}}: the first call of each compiled configuration (compile included)."""
+def first_calls(configs, backends, device, dtype, quick, budget_s, path):
+    """{config: {backend: seconds}}: the first call of each compiled configuration (compile included), for
+    the configurations that start within `budget_s`; rewritten to `path` after each one."""
+    started = time.perf_counter()
     from brrr.bench.backends import fresh_compile
     from brrr.bench.step import Step, make_cotangents
     from brrr.cost.device import time_once
 
     out = {}
     for config in configs:
+        if time.perf_counter() - started > budget_s:
+            break
         out[config.name] = times = {}
         try:
             work = config.build(device, dtype, quick)
@@ -109,24 +116,30 @@ def first_calls(configs, backends, device, dtype, quick):
                 times[backend] = time_once(step, device)
         except Exception as e:
             times["error"] = f"{type(e).__name__}: {e}"[:300]
+        Path(path).write_text(json.dumps(out))
         work = None
         gc.collect()
     return out
 
 
-def warm_compiles(args, configs, backends):
-    """Run this script again in a new process (caches now warm) for the first call of each configuration."""
-    if not backends or not configs:
+def warm_compiles(args, configs, backends, budget_s):
+    """Run this script again in a new process (caches now warm) for the first call of each configuration,
+    as many as `budget_s` allows."""
+    if not backends or not configs or budget_s <= 0:
         return {}
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
     cmd = [sys.executable, __file__, "--first-call-only", "--only", ",".join(c.name for c in configs),
-           "--backends", ",".join(backends), "--out", path, "--keep-caches"] + (["--quick"] if args.quick else [])
-    try:
-        subprocess.run(cmd, check=True, timeout=max(60.0, args.budget_s), env=os.environ.copy())
+           "--backends", ",".join(backends), "--out", path, "--keep-caches", "--budget-s", str(budget_s)] + \
+        (["--quick"] if args.quick else [])
+    try:   # the new process's start, imports and the last configuration run past its budget
+        subprocess.run(cmd, check=True, timeout=budget_s + 180, env=os.environ.copy())
+    except (subprocess.SubprocessError, OSError) as e:
+        print(f"[zoo] warm-compile process: {type(e).__name__}: {e}"[:300], flush=True)
+    try:   # what it finished, even if it was stopped
         return json.loads(Path(path).read_text())
-    except (subprocess.SubprocessError, OSError, ValueError) as e:
-        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    except (OSError, ValueError):
+        return {}
 
 
 def main(argv=None):
@@ -151,8 +164,7 @@ def main(argv=None):
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
     if args.first_call_only:
-        times = first_calls(configs, backends, device, dtype, quick)
-        Path(args.out).write_text(json.dumps(times))
+        first_calls(configs, backends, device, dtype, quick, args.budget_s, args.out)
         return 0
 
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
@@ -164,8 +176,10 @@ def main(argv=None):
                                "part": args.part},
                "configs": {}}
     started = time.perf_counter()
+    warm = [b for b in args.warm_compile.split(",") if b and b != "none" and b in backends]
+    reserve = args.warm_reserve_s if warm else 0.0
     for config in configs:
-        if time.perf_counter() - started > args.budget_s:
+        if time.perf_counter() - started > args.budget_s - reserve:
             results["configs"][config.name] = {"name": config.name, "family": config.family, "train": config.train,
                                                "status": "skipped",
                                                "error": f"time budget of {args.budget_s:.0f} s spent"}
@@ -176,11 +190,11 @@ def main(argv=None):
             print(f"[zoo] {config.name}: {entry['status']} in {entry['elapsed_s']:.0f} s "
                   f"{report.one_line(entry)}", flush=True)
         report.write(results, stem)
-    warm = [b for b in args.warm_compile.split(",") if b and b != "none" and b in backends]
     ran = [c for c in configs if results["configs"][c.name]["status"] == "ok"]
     if warm and ran:
-        print(f"[zoo] warm compiles in a new process: {', '.join(warm)}", flush=True)
-        results["warm_compile"] = warm_compiles(args, ran, warm)
+        left = max(reserve, args.budget_s - (time.perf_counter() - started))
+        print(f"[zoo] warm compiles in a new process: {', '.join(warm)}, {left:.0f} s", flush=True)
+        results["warm_compile"] = warm_compiles(args, ran, warm, left)
         report.write(results, stem)
     print(report.markdown(results), flush=True)
     print(f"[zoo] wrote {stem}.json and .md", flush=True)
