@@ -88,10 +88,19 @@ def run_config(config, backends, device, dtype, quick, rep_ms):
                      error=f"{type(e).__name__}: {e}"[:500], traceback=traceback.format_exc()[-3000:])
     entry["elapsed_s"] = time.perf_counter() - start
     work = None
+    _stop_inductor_workers()   # idle compile workers would share the host with the next configuration's timing
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return entry
+
+
+def _stop_inductor_workers():
+    try:
+        from torch._inductor.async_compile import shutdown_compile_workers
+    except ImportError:
+        return
+    shutdown_compile_workers()
 
 
 def first_calls(configs, backends, device, dtype, quick, budget_s, path):
@@ -179,10 +188,13 @@ def main(argv=None):
     warm = [b for b in args.warm_compile.split(",") if b and b != "none" and b in backends]
     reserve = args.warm_reserve_s if warm else 0.0
     for config in configs:
-        if time.perf_counter() - started > args.budget_s - reserve:
+        elapsed = time.perf_counter() - started
+        if elapsed > args.budget_s - reserve or (elapsed > 0 and not quick and
+                                                 elapsed + config.cost > args.budget_s - reserve):
             results["configs"][config.name] = {"name": config.name, "family": config.family, "train": config.train,
                                                "status": "skipped",
-                                               "error": f"time budget of {args.budget_s:.0f} s spent"}
+                                               "error": f"time budget of {args.budget_s:.0f} s: "
+                                                        f"{elapsed:.0f} s spent, ~{config.cost:.0f} s needed"}
         else:
             print(f"[zoo] {config.name} ...", flush=True)
             results["configs"][config.name] = entry = run_config(config, backends, device, dtype, quick,
