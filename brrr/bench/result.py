@@ -27,10 +27,15 @@ class BenchRow:
     timing_method: str | None = None
 
     def to_dict(self):
-        d = dict(self.__dict__)
-        for key in ("error_vs_eager", "error_vs_reference"):
-            d[key] = d[key].to_dict() if d[key] is not None else None
-        return d
+        return with_errors_as_dicts(self)
+
+
+def with_errors_as_dicts(row):
+    """A row's fields as a dict, its Error fields as dicts too (JSON-ready)."""
+    d = dict(row.__dict__)
+    for key in ("error_vs_eager", "error_vs_reference"):
+        d[key] = d[key].to_dict() if d[key] is not None else None
+    return d
 
 
 @dataclass

@@ -16,7 +16,7 @@ import torch
 
 from brrr.bench import compare
 from brrr.bench.backends import backend_name, resolve_backend, strict_dynamo
-from brrr.bench.result import dtype_name
+from brrr.bench.result import dtype_name, with_errors_as_dicts
 from brrr.bench.runner import _eager_reference, _infer_device, _peak_memory, _reason, versions
 from brrr.bench.step import Step
 from brrr.bench.timing import time_kernel, time_steady
@@ -37,10 +37,7 @@ class ShapePoint:
     error_vs_reference: compare.Error | None = None
 
     def to_dict(self):
-        d = dict(self.__dict__)
-        for key in ("error_vs_eager", "error_vs_reference"):
-            d[key] = d[key].to_dict() if d[key] is not None else None
-        return d
+        return with_errors_as_dicts(self)
 
 
 @dataclass
