@@ -95,6 +95,7 @@ def wrap(model, kind):
         from torch.nn.parallel import DistributedDataParallel
         # 1 MiB buckets (the size of DDP's and DDPOptimizer's first bucket): the graph splits in two
         return DistributedDataParallel(model, bucket_cap_mb=1)
+    assert kind == "fsdp2", kind
     from torch.distributed.fsdp import fully_shard
     for block in model.blocks:
         fully_shard(block)

@@ -24,13 +24,14 @@ def start(module, args, log, **env):
 
 
 def finish(procs, timeout_s):
-    """Wait for every process (all killed once `timeout_s` has passed); fail with their logs unless all exited 0."""
+    """Wait for every process; fail with their logs unless all exited 0. The rest are killed as soon as one
+    fails (its peers would wait for it in a collective) or once `timeout_s` has passed."""
     deadline = time.monotonic() + timeout_s
     try:
-        for p in procs:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.poll() not in (None, 0) for p in procs):
+                break
+            time.sleep(0.05)
     finally:
         for p in procs:
             if p.poll() is None:
