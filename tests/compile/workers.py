@@ -1,8 +1,10 @@
 """Starting the helper processes of the multi-process compiler tests (distributed, kernel-cache faults): each
 runs a module of tests/compile under the Triton interpreter with BRRR_DEBUG=1, logs to a file, and is killed
-when it outlives its time limit, so a hang fails the test instead of blocking the run."""
+when it outlives its time limit, so a hang fails the test instead of blocking the run. They run at a lower
+priority: beside them, on CI's two cores, another worker runs tests that time sleeps (experiments/overhead)."""
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -16,10 +18,12 @@ def start(module, args, log, **env):
     """`python -m tests.compile.<module> *args` with `env` added to ours, output to the file `log`."""
     full_env = dict(os.environ, TRITON_INTERPRET="1", BRRR_DEBUG="1", OMP_NUM_THREADS="1",
                     PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p), **env)
+    command = [sys.executable, "-m", f"tests.compile.{module}", *map(str, args)]
+    nice = shutil.which("nice")
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", f"tests.compile.{module}", *map(str, args)], cwd=REPO,
-                                env=full_env, stdout=out, stderr=subprocess.STDOUT)
-    proc.log = log
+        proc = subprocess.Popen([nice, "-n", "5", *command] if nice else command, cwd=REPO, env=full_env,
+                                stdout=out, stderr=subprocess.STDOUT)
+    proc.log, proc.label = log, " ".join(command[2:])
     return proc
 
 
@@ -42,8 +46,7 @@ def finish(procs, timeout_s):
 
 
 def logs(procs):
-    return "\n".join(f"--- {' '.join(p.args[2:])} (exit {p.returncode}) ---\n{open(p.log).read()[-4000:]}"
-                     for p in procs)
+    return "\n".join(f"--- {p.label} (exit {p.returncode}) ---\n{open(p.log).read()[-4000:]}" for p in procs)
 
 
 def wait_for(path, proc, timeout_s):
