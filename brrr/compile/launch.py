@@ -87,16 +87,21 @@ def static_kernel(kernel, n_args, device):
 
 
 def _cubin_file(kernel):
-    """The kernel's cubin on disk (the static launcher loads it from a path), next to brrr's kernel cache."""
-    from brrr.compile.runtime import cache_dir
+    """The kernel's cubin on disk (the static launcher loads it from a path), next to brrr's kernel cache. As
+    with kernel sources, a file is trusted only when it holds the kernel's bytes (else rewritten: truncated,
+    corrupt)."""
+    from brrr.compile.runtime import cache_dir, write_atomic
 
+    cubin = kernel.asm["cubin"]
     path = os.path.join(cache_dir(), "cubin", f"{kernel.hash}.cubin")
-    if not os.path.exists(path):
+    try:
+        with open(path, "rb") as f:
+            whole = f.read() == cubin
+    except OSError:
+        whole = False
+    if not whole:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        os.replace(tmp, path)
+        write_atomic(path, cubin)
     return path
 
 

@@ -6,17 +6,19 @@ kernels with literal grids and calls ATen for Externs/Fallbacks/views - nothing 
 If anything brrr made fails on the first call, the graph reruns as ATen (its FX module) with one warning.
 
 Cache: BRRR_CACHE_DIR (default ~/.cache/brrr/kernels)/<sha256(source, triton version, device)>.py, written via
-tmp file + os.replace so concurrent processes never see half a file; an entry whose text differs from the
-source it should hold (corrupt, truncated) is rewritten, and one that fails to import is rebuilt once.
+tmp file + os.replace so concurrent processes never see half a file; an entry is trusted only when its text is
+the source it should hold (else rewritten: corrupt, truncated), and the module runs that source, never cached
+bytecode. Temporary files older than STALE_TMP_S, left by writers that died mid-write, are removed.
 """
 
 import ast
 import concurrent.futures
 import hashlib
-import importlib.util
 import os
 import sys
-import tempfile
+import time
+import types
+import uuid
 from collections import Counter
 
 import torch
@@ -29,13 +31,36 @@ from brrr.compile.launch import Launcher
 from brrr.compile.codegen.triton import generate
 
 _MODULES = {}
+_SWEPT = set()   # cache directories whose dead writers' temporary files this process removed
+STALE_TMP_S = 600
 
 
 def cache_dir():
     d = os.environ.get("BRRR_CACHE_DIR")
     d = os.path.join(d, "kernels") if d else os.path.join(os.path.expanduser("~"), ".cache", "brrr", "kernels")
     os.makedirs(d, exist_ok=True)
+    if d not in _SWEPT:
+        _SWEPT.add(d)
+        _remove_stale_tmp(d)
     return d
+
+
+def _remove_stale_tmp(d):
+    """Delete temporary files of writers that died mid-write (killed, or interrupted again while their threads
+    were still writing), in the cache and its cubin folder. A live writer's temporary file exists for
+    microseconds, so an old one is dead."""
+    cutoff = time.time() - STALE_TMP_S
+    for folder in (d, os.path.join(d, "cubin")):
+        try:
+            found = [e for e in os.scandir(folder) if e.name.startswith(".tmp-")]
+        except OSError:   # no cubin folder (no GPU kernel launched yet)
+            continue
+        for entry in found:
+            try:
+                if entry.stat().st_mtime < cutoff:
+                    os.unlink(entry.path)
+            except OSError:   # gone already: another process swept it
+                pass
 
 
 def cache_key(source, device):
@@ -47,16 +72,28 @@ def cache_key(source, device):
     return h.hexdigest()[:40]
 
 
-def _write_atomic(path, text):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".py")
+def write_atomic(path, data):
+    """`data` (text or bytes) into `path` through a temporary file renamed into place: whoever reads `path`
+    sees the old file or the whole new one. The temporary file is opened as any file is, so the entry gets the
+    umask's permissions (mkstemp's are the owner's alone: another user sharing the cache could not read it and
+    would rewrite it on every load)."""
+    tmp = os.path.join(os.path.dirname(path), f".tmp-{uuid.uuid4().hex}")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with open(tmp, "xb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def load_kernel(source, name, device):
@@ -65,27 +102,21 @@ def load_kernel(source, name, device):
     if key in _MODULES:
         return getattr(_MODULES[key], name)
     path = os.path.join(cache_dir(), f"brrr_{key}.py")
-    for attempt in (0, 1):
-        try:
-            with open(path) as f:
-                ok = f.read() == source
-        except (OSError, UnicodeDecodeError):
-            ok = False
-        if not ok:
-            _write_atomic(path, source)
-        try:
-            spec = importlib.util.spec_from_file_location(f"brrr_kernel_{key}", path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = mod
-            spec.loader.exec_module(mod)
-            _MODULES[key] = mod
-            return getattr(mod, name)
-        except Exception:
-            sys.modules.pop(f"brrr_kernel_{key}", None)
-            if attempt:
-                raise
-            _write_atomic(path, source)   # a stale or damaged entry: rebuild it once
-    raise RuntimeError("unreachable")
+    if _read(path) != source:   # missing, truncated, corrupt
+        write_atomic(path, source)
+    # The module runs the source in hand, never bytecode Python cached beside the entry (a stale or corrupt .pyc
+    # passes Python's mtime-and-size check); the file is there for triton.jit, which reads its function's
+    # source back through inspect, and for tracebacks.
+    module = types.ModuleType(f"brrr_kernel_{key}")
+    module.__file__ = path
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(source, path, "exec"), module.__dict__)
+    except BaseException:
+        sys.modules.pop(module.__name__, None)
+        raise
+    _MODULES[key] = module
+    return getattr(module, name)
 
 
 def kernel_fx_nodes(kernel, rendered=()):
