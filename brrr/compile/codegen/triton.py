@@ -111,7 +111,7 @@ class Codegen:
             return literal(v.value, v.dtype), False
         if isinstance(v, ir.ReduceRef):
             r = v.node
-            if r in self.red_result and linear(v.idx, ir.contiguous(r.shape)) == Ix.var("xindex", self.k.xnumel()):
+            if r in self.red_result and self.k.is_current_row(v.idx, r.shape):
                 return self.red_result[r], False
             if r not in self.kernel_of:
                 raise RuntimeError(f"reduction {r.name} is read but never scheduled")
@@ -294,7 +294,7 @@ class Codegen:
         k = self.k
         X, R = k.xnumel(), k.rnumel()
         rblock = next_pow2(max(R, 1))
-        inner_kept = (len(k.shape) - 1) not in k.dims and k.shape[-1] > 1
+        inner_kept = k.is_column()
         persistent = rblock <= PERSISTENT_MAX and not (inner_kept and rblock > 64)
         if any(r.rtype.startswith("arg") for r in reds):
             persistent = True
@@ -399,7 +399,7 @@ class Codegen:
             m = ref.node if isinstance(ref, ir.ReduceRef) else None
             if m is None or m not in reds or m in pairs or m.rtype != "max" or levels[m] != 0 \
                     or compute_dtype(m.meta.get("acc_dtype", m.dtype)) != torch.float32 \
-                    or linear(ref.idx, ir.contiguous(m.shape)) != Ix.var("xindex", self.k.xnumel()):
+                    or not self.k.is_current_row(ref.idx, m.shape):
                 continue
             # the same x: both render to the same temporary (a scope caches identical expressions)
             if self.value(scratch, d.args[0])[0] == self.value(scratch, m.body(full))[0]:

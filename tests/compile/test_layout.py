@@ -1,0 +1,109 @@
+"""Memory order: kernels walk their space in the order of what they store (brrr.compile.layout), and give
+eager's values, strides and dtypes on channels_last, transposed, sliced and expanded inputs."""
+
+import pytest
+import torch
+
+from brrr.compile.backend import make_backend
+from brrr.compile.indexing import Ix, linear
+from tests.compile.helpers import compiled
+
+
+def plans(fn, *inputs):
+    """[(graph kind, Plan, {Kernel: KernelSource})] brrr makes of `fn(*inputs)` (planned, nothing run)."""
+    out = []
+    backend = make_backend(_sink=lambda kind, gm, plan, kernels: out.append((kind, plan, kernels)))
+    torch.compile(fn, backend=backend, dynamic=False)(*inputs)
+    return out
+
+
+def kernels_of(fn, *inputs):
+    return [k for _, plan, _ in plans(fn, *inputs) for kind, k in plan.steps if kind == "kernel"]
+
+
+def store_index(kernel, node):
+    """The index a kernel stores `node` at, as an Ix of xindex / rindex."""
+    idx = kernel.row_index(node.shape) if kernel.is_row(node) else kernel.full_index()
+    return linear(idx, node.stride)
+
+
+def channels_last(*shape):
+    return torch.randn(*shape).to(memory_format=torch.channels_last)
+
+
+INPUTS = {
+    "channels_last": lambda: channels_last(2, 8, 5, 3),
+    "transposed": lambda: torch.randn(3, 5, 8, 2).permute(3, 2, 1, 0),
+    "sliced": lambda: torch.randn(4, 10, 5, 7)[::2, 1:9, :, 2:5],
+    "expanded": lambda: torch.randn(2, 8, 1, 3).expand(2, 8, 5, 3),
+}
+
+
+def assert_like_eager(out, ref, tol=1e-5):
+    """values (eager rounds half types after every op, brrr once on store: `tol`), strides, dtypes"""
+    outs, refs = (out, ref) if isinstance(ref, tuple) else ((out,), (ref,))
+    for o, r in zip(outs, refs):
+        assert o.dtype == r.dtype and o.shape == r.shape
+        assert o.stride() == r.stride(), (o.stride(), r.stride())
+        torch.testing.assert_close(o, r, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("make", list(INPUTS), ids=list(INPUTS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_pointwise_keeps_values_strides_and_dtypes(make, dtype):
+    x = INPUTS[make]().to(dtype)
+    y = channels_last(2, 8, 5, 3).to(dtype)
+    w = torch.randn(8, 1, 1)
+
+    def f(x, y):
+        return torch.relu(x * w + y), (x + 1).to(torch.float16)
+    assert_like_eager(compiled(f)(x, y), f(x, y), 1e-5 if dtype == torch.float32 else 1.6e-2)
+
+
+@pytest.mark.parametrize("make", list(INPUTS), ids=list(INPUTS))
+def test_reductions_keep_values_strides_and_dtypes(make):
+    x = INPUTS[make]()
+
+    def f(x):
+        return x.sum((0, 2, 3)), x.amax(1, keepdim=True), x.mean((2, 3), keepdim=True), torch.softmax(x, 1)
+    assert_like_eager(compiled(f)(x), f(x))
+
+
+@pytest.mark.parametrize("make", list(INPUTS), ids=list(INPUTS))
+def test_transposes_keep_values_strides_and_dtypes(make):
+    x = INPUTS[make]()
+
+    def f(x):
+        return (x.permute(0, 2, 3, 1).contiguous(), x.contiguous(), x.contiguous(memory_format=torch.channels_last),
+                x.transpose(1, 3) * 2)
+    assert_like_eager(compiled(f)(x), f(x))
+
+
+def test_channels_last_kernel_stores_at_the_plain_flat_index():
+    x, w = channels_last(2, 8, 5, 3), torch.randn(8, 1, 1)
+    (kernel,) = kernels_of(lambda x: torch.relu(x * w + 1), x)
+    (out,) = kernel.roots
+    assert out.stride == x.stride()                       # eager's layout
+    assert store_index(kernel, out) == Ix.var("xindex", x.numel())
+    assert kernel.order == (1, 3, 2, 0)                   # C, W, H, N: innermost first
+
+
+def test_transposed_output_walks_its_own_order():
+    x = torch.randn(6, 10)
+    (kernel,) = kernels_of(lambda x: x.t() * 2, x)        # eager's result has x's layout, seen transposed
+    (out,) = kernel.roots
+    assert kernel.order == (0, 1)
+    assert store_index(kernel, out) == Ix.var("xindex", x.numel())
+
+
+def test_buffers_only_kernels_read_are_dense_in_their_writers_order():
+    x = torch.randn(5, 4, 3).permute(2, 1, 0)            # [3, 4, 5], dim 0 innermost
+
+    def f(x):
+        m = x.sum(2)                                      # read by the next kernel only
+        return m.unsqueeze(2) * torch.ones(3, 4, 7)
+    first, _ = kernels_of(f, x)
+    (m,) = first.roots
+    assert x.sum(2).stride() == (4, 1) and m.stride == (1, 3)   # not eager's: the layout its kernel writes
+    assert store_index(first, m) == Ix.var("xindex", 12)
+    torch.testing.assert_close(compiled(f)(x), f(x))
