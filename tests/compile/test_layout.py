@@ -107,3 +107,42 @@ def test_buffers_only_kernels_read_are_dense_in_their_writers_order():
     assert x.sum(2).stride() == (4, 1) and m.stride == (1, 3)   # not eager's: the layout its kernel writes
     assert store_index(first, m) == Ix.var("xindex", 12)
     torch.testing.assert_close(compiled(f)(x), f(x))
+
+
+# ------------------------------------------------------------------------------------------- reductions
+
+@pytest.mark.parametrize("memory_format, column", [(torch.contiguous_format, False), (torch.channels_last, True)],
+                         ids=["contiguous", "channels_last"])
+def test_row_or_column_reduction_follows_memory_order(memory_format, column):
+    x = torch.randn(2, 8, 6, 5).to(memory_format=memory_format)
+    (kernel,) = kernels_of(lambda x: x.sum((0, 2, 3)), x)
+    assert kernel.dims == (0, 2, 3) and kernel.is_column() == column
+    # at batch-norm size: channels_last columns split into [chunk, rows, channels] partials and a final
+    # column kernel; contiguous rows (256 of them) stay one row kernel
+    big = torch.empty(64, 256, 56, 56, device="meta").to(memory_format=memory_format)
+    ks = kernels_of(lambda x: x.sum((0, 2, 3)), big)
+    if column:
+        partial, final = ks
+        assert partial.is_column() and partial.shape[-1] == 256 and final.is_column()
+    else:
+        (kernel,) = ks
+        assert kernel.shape == (64, 256, 56, 56) and not kernel.is_column()
+
+
+def test_batch_norm_statistics_read_channels_last_input_once():
+    x = torch.empty(64, 256, 56, 56, dtype=torch.bfloat16, device="meta").to(memory_format=torch.channels_last)
+    mean, var = torch.empty(256, device="meta"), torch.empty(256, device="meta")
+    ks = kernels_of(lambda x: torch.nn.functional.batch_norm(x, mean, var, training=True), x)
+    reads_x = [k for k in ks if k.dims and k.shape[-1] == 256 and len(k.shape) == 3]
+    assert len(reads_x) == 1 and reads_x[0].is_column()   # sum and sum of squares in one pass over x
+    assert len(reads_x[0].roots) >= 2
+
+
+@pytest.mark.parametrize("shape, dims", [((8, 16, 16, 16), (0, 2, 3)), ((4, 64, 64, 64), (0, 2, 3)),
+                                         ((2, 40000), (1,))], ids=["column", "column-split", "row-split"])
+def test_variance_in_one_pass_matches_eager(shape, dims):
+    x = torch.randn(*shape) * 2 + 1000             # far from 0: the shift keeps the squares from cancelling
+    if len(shape) == 4:
+        x = x.to(memory_format=torch.channels_last)
+    f = lambda x: torch.var_mean(x, dims, keepdim=True)   # noqa: E731
+    assert_like_eager(compiled(f)(x), f(x), tol=2e-5)

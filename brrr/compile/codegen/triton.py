@@ -18,6 +18,8 @@ from brrr.compile.indexing import Ix, Opaque, linear
 PERSISTENT_MAX = 16384      # reduced elements per row held in registers at once
 PERSISTENT_TILE = 2048      # elements of a persistent reduction's tile when rows are short
 LOOPED_RBLOCK = 2048        # elements per step of a looped (long-row) reduction
+COLUMN_PERSISTENT_MAX = 64  # a column reduction holds at most this many reduced elements per column at once
+COLUMN_XBLOCK = 64          # columns per program of a column reduction: loads run along them, coalesced
 TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
       torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
       torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
@@ -295,16 +297,17 @@ class Codegen:
         X, R = k.xnumel(), k.rnumel()
         rblock = next_pow2(max(R, 1))
         inner_kept = k.is_column()
-        persistent = rblock <= PERSISTENT_MAX and not (inner_kept and rblock > 64)
+        persistent = rblock <= (COLUMN_PERSISTENT_MAX if inner_kept else PERSISTENT_MAX)
         if any(r.rtype.startswith("arg") for r in reds):
             persistent = True
         if persistent:
             # tiles of ~2048 elements: the seed MLP's layer norm (rows of 1024, written over the matmul's output)
             # took 18.6 us as 2 rows x 4 warps, 21.4 as 4 rows x 8 warps (results/probes/...-66852fc-layer-norm-in-context.log)
-            xblock = max(1, min(next_pow2(X), max(1, PERSISTENT_TILE // rblock), 64 if inner_kept else 4096))
+            xblock = max(1, min(next_pow2(X), max(1, PERSISTENT_TILE // rblock),
+                                COLUMN_XBLOCK if inner_kept else 4096))
         else:
             rblock = 32 if inner_kept else LOOPED_RBLOCK
-            xblock = 64 if inner_kept else 1
+            xblock = COLUMN_XBLOCK if inner_kept else 1
         tile = xblock * rblock
         warps = 2 if tile <= 256 else 4 if tile <= 2048 else 8 if tile <= 8192 else 16
         self.x_full, self.r_full = X % xblock == 0, R % rblock == 0 and R > 0
