@@ -12,6 +12,7 @@ is recorded with its reason for explain.
 from dataclasses import dataclass, field
 
 from brrr.compile import ir, layout
+from brrr.compile.naming import kernel_name
 from brrr.compile.indexing import Ix, linear, unflatten
 
 
@@ -119,6 +120,16 @@ def load_bytes(node, accessed):
     return min(tensor_bytes(fake), nbytes_touched((accessed,), (1,), fake.element_size()))
 
 
+class Reason:
+    """A refusal's text, rendered once kernels carry their final names (`{}` stands for each kernel's)."""
+
+    def __init__(self, text, *kernels):
+        self.text, self.kernels = text, kernels
+
+    def __str__(self):
+        return self.text.format(*(k.name for k in self.kernels))
+
+
 @dataclass
 class Plan:
     steps: list                  # ("kernel", Kernel) | ("aten", Node)
@@ -205,16 +216,18 @@ class Scheduler:
         for v in ir.walk(value):
             if isinstance(v, ir.Load):
                 if self.position.get(v.buf, -1) >= pos and v.buf.producer not in ("input", "seed", "constant"):
-                    return False, f"reads {v.buf.name}, produced after kernel {kernel.name}", inlined
+                    return False, Reason(f"reads {v.buf.name}, produced after kernel {{}}", kernel), inlined
             elif isinstance(v, ir.ReduceRef):
                 r = v.node
                 if self.kernel_of.get(r) is kernel:
                     if not kernel.is_row(node) and node.kind == "reduction" and r is node:
                         continue
                     if not kernel.is_current_row(v.idx, r.shape):
-                        return False, f"reads reduction {r.name} of kernel {kernel.name} at another row", inlined
+                        return False, Reason(f"reads reduction {r.name} of kernel {{}} at another row", kernel), \
+                            inlined
                 elif self.kernel_of.get(r) is None or self.position[self.kernel_of[r]] >= pos:
-                    return False, f"reads reduction {r.name} not computed before kernel {kernel.name}", inlined
+                    return False, Reason(f"reads reduction {r.name} not computed before kernel {{}}", kernel), \
+                        inlined
         return True, "", inlined
 
     # ------------------------------------------------------------------ memory order and strides
@@ -259,8 +272,9 @@ class Scheduler:
                 upgrade = Kernel(k.name, k.shape, node.dims, k.roots, order=k.order)
                 idx = upgrade.full_index()
             if idx is None:
-                last_reason = last_reason or (f"iteration space {_space(node)} differs from kernel {k.name}'s "
-                                              f"{list(k.shape)}{' over ' + str(list(k.dims)) if k.dims else ''}")
+                last_reason = last_reason or Reason(
+                    f"iteration space {_space(node)} differs from kernel {{}}'s "
+                    f"{list(k.shape)}{' over ' + str(list(k.dims)) if k.dims else ''}", k)
                 continue
             target = upgrade or k
             if upgrade is not None:
@@ -329,6 +343,10 @@ class Scheduler:
                     self.steps.append(("empty", n))
                     continue
                 self.place(n)
+        position = {fx: i for i, fx in enumerate(self.L.gm.graph.nodes)} if self.L.gm is not None else {}
+        for i, k in enumerate(k for kind, k in self.steps if kind == "kernel"):
+            k.name = kernel_name(k.members, i, position)
+        self.refusals = [(n, str(why)) for n, why in self.refusals]
         return Plan(self.steps, self.stored, self.refusals, self.L)
 
 

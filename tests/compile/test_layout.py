@@ -146,3 +146,22 @@ def test_variance_in_one_pass_matches_eager(shape, dims):
         x = x.to(memory_format=torch.channels_last)
     f = lambda x: torch.var_mean(x, dims, keepdim=True)   # noqa: E731
     assert_like_eager(compiled(f)(x), f(x), tol=2e-5)
+
+
+# ------------------------------------------------------------------------------------------------ names
+
+def test_kernels_are_named_after_what_they_fuse():
+    import brrr
+    bn = torch.nn.BatchNorm2d(8).eval()
+    x = channels_last(2, 8, 4, 4)
+    with torch.no_grad():
+        ex = brrr.explain(lambda x, y: torch.relu(bn(x) + y), x, x)
+    assert [k.name for k in ex.kernels] == ["inference.brrr_bn_add_relu_0"]
+    assert "def brrr_bn_add_relu_0(" in ex.kernels[0].source
+    ln = torch.nn.LayerNorm(16)
+    ex = brrr.explain(lambda x, y: torch.softmax(ln(x + y), -1) + y.sum(0), torch.randn(4, 16), torch.randn(4, 16))
+    names = [k.name.split(".")[1] for k in ex.kernels]
+    assert len(set(names)) == len(names) and all(n.isidentifier() for n in names)
+    assert names[0].startswith("brrr_layer_norm_") and any("softmax" in n for n in names)
+    for _, _, why in ex.refusals:   # refusals name kernels as explain lists them
+        assert "inference.brrr_" in why or "kernel" not in why
