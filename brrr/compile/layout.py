@@ -81,9 +81,9 @@ def _dims_in(base):
     return []   # an index loaded from memory (gather): says nothing about the dims
 
 
-def largest_input_order(value, shape):
-    """The memory order of the largest tensor `value` loads, as seen from the iteration space `shape` (value
-    built at `dim_vars(shape)`), or None when no load tells."""
+def largest_input(value, shape):
+    """(order, elements touched) of the largest tensor `value` loads, as seen from the iteration space `shape`
+    (value built at `dim_vars(shape)`), or None when no load tells its order."""
     from brrr.cost.ops import tensor_bytes
     best, best_bytes = None, -1
     for v in ir.walk(value):
@@ -95,8 +95,25 @@ def largest_input_order(value, shape):
         fake = v.buf.meta.get("fake")
         nbytes = tensor_bytes(fake) if hasattr(fake, "stride") else v.buf.numel
         if nbytes > best_bytes:
-            best, best_bytes = order_of(strides, shape), nbytes
+            elements = nbytes // fake.element_size() if hasattr(fake, "element_size") else nbytes
+            best, best_bytes = (order_of(strides, shape), elements), nbytes
     return best
+
+
+def largest_input_order(value, shape):
+    """The memory order of the largest tensor `value` loads (see `largest_input`), or None."""
+    found = largest_input(value, shape)
+    return found[0] if found else None
+
+
+def tile_split(shape, order, input_order):
+    """A layout change (NCHW <-> NHWC, a transpose): the count of the kernel's innermost dims that form the
+    x side of a [YBLOCK, XBLOCK] tile, the dims inner to the input's innermost one, so stores run along x and
+    loads along y, both contiguous. 0 when the input's innermost dim is the kernel's."""
+    inner_in, inner_out = innermost(shape, input_order), innermost(shape, order)
+    if inner_in is None or inner_out is None or inner_in == inner_out:
+        return 0
+    return order.index(inner_in)
 
 
 def fake_order(node, shape):

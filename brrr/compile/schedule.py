@@ -24,6 +24,7 @@ class Kernel:
     roots: list = field(default_factory=list)
     closed: bool = False               # takes no other roots (an accumulating scatter and its init)
     order: tuple = ()                  # dims of S innermost first: the memory order the flat index walks
+    tile: int = 0                      # pointwise layout change: order[:tile] walk xindex, the rest yindex
     members: list = field(default_factory=list)   # every IR node it computes (roots and what they inline)
 
     @property
@@ -51,12 +52,25 @@ class Kernel:
         inner = layout.innermost(self.shape, self.loop_order())
         return bool(self.dims) and inner is not None and inner not in self.dims
 
-    def full_index(self):
-        """Ix per dim of S: the kept dims unflatten xindex, the reduced dims rindex, each in memory order."""
+    def tile_numels(self):
+        """(x extent, y extent) of a tiled kernel's [YBLOCK, XBLOCK] tiles."""
         order = self.loop_order()
+        return _prod(self.shape[d] for d in order[:self.tile]), _prod(self.shape[d] for d in order[self.tile:])
+
+    def groups(self):
+        """(index variable, its extent, the dims it unflattens over, innermost first)."""
+        order = self.loop_order()
+        if self.tile:
+            (xn, yn) = self.tile_numels()
+            return (("xindex", xn, order[:self.tile]), ("yindex", yn, order[self.tile:]))
+        return (("xindex", self.xnumel(), [d for d in order if d not in self.dims]),
+                ("rindex", self.rnumel(), [d for d in order if d in self.dims]))
+
+    def full_index(self):
+        """Ix per dim of S: the kept dims unflatten xindex, the reduced dims rindex (a tiled layout change:
+        the inner dims xindex, the outer yindex), each in memory order."""
         idx = [Ix()] * len(self.shape)
-        for var, numel, group in (("xindex", self.xnumel(), [d for d in order if d not in self.dims]),
-                                  ("rindex", self.rnumel(), [d for d in order if d in self.dims])):
+        for var, numel, group in self.groups():
             if not group:
                 continue
             sub = unflatten(Ix.var(var, numel), [self.shape[d] for d in group], tuple(range(len(group))))
@@ -308,6 +322,20 @@ class Scheduler:
         self.kernel_of[node] = kernel
         self.assign_strides(node, kernel)
 
+    def choose_tiles(self):
+        """A pointwise kernel whose largest input (touching at least half its elements) has another innermost
+        dim than the kernel's order loads and stores through [YBLOCK, XBLOCK] tiles (layout.tile_split)."""
+        for kind, k in self.steps:
+            if kind != "kernel" or k.dims or k.closed or len(k.shape) < 2:
+                continue
+            main = None
+            for root in k.roots:
+                found = layout.largest_input(self.evaluate(k, root, layout.dim_vars(k.shape))[0], k.shape)
+                if found and (main is None or found[1] > main[1]):
+                    main = found
+            if main is not None and 2 * main[1] >= k.xnumel():
+                k.tile = layout.tile_split(k.shape, k.loop_order(), main[0])
+
     def place_scatter(self, n):
         """index_put(accumulate=True): a kernel writes the initial tensor into n's buffer, then a kernel over the
         values adds them in with atomics. Both are closed; every reader loads n's buffer after them."""
@@ -343,6 +371,7 @@ class Scheduler:
                     self.steps.append(("empty", n))
                     continue
                 self.place(n)
+        self.choose_tiles()
         position = {fx: i for i, fx in enumerate(self.L.gm.graph.nodes)} if self.L.gm is not None else {}
         for i, k in enumerate(k for kind, k in self.steps if kind == "kernel"):
             k.name = kernel_name(k.members, i, position)

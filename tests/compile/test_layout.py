@@ -4,6 +4,7 @@ eager's values, strides and dtypes on channels_last, transposed, sliced and expa
 import pytest
 import torch
 
+from brrr.compile import ir
 from brrr.compile.backend import make_backend
 from brrr.compile.indexing import Ix, linear
 from tests.compile.helpers import compiled
@@ -107,6 +108,23 @@ def test_buffers_only_kernels_read_are_dense_in_their_writers_order():
     assert x.sum(2).stride() == (4, 1) and m.stride == (1, 3)   # not eager's: the layout its kernel writes
     assert store_index(first, m) == Ix.var("xindex", 12)
     torch.testing.assert_close(compiled(f)(x), f(x))
+
+
+@pytest.mark.parametrize("case", ["transpose", "to_channels_last", "from_channels_last"])
+def test_layout_changes_load_and_store_through_a_tile(case):
+    x, f = {"transpose": (torch.randn(48, 40), lambda x: x.t().contiguous()),
+            "to_channels_last": (torch.randn(2, 8, 5, 6), lambda x: x.contiguous(memory_format=torch.channels_last)),
+            "from_channels_last": (channels_last(2, 8, 5, 6), lambda x: x.contiguous())}[case]
+    (kernel,) = kernels_of(f, x)
+    (out,) = kernel.roots
+    xn, yn = kernel.tile_numels()
+    assert kernel.tile and xn > 1 and yn > 1
+    xs, ys = Ix.var("xindex", xn), Ix.var("yindex", yn)
+    assert store_index(kernel, out) == xs + ys * xn                       # stores contiguous along x
+    (load,) = [v for v in ir.walk(out.fn(kernel.full_index())) if isinstance(v, ir.Load)]
+    # loads contiguous along y: neighbouring yindex, neighbouring addresses (up to a wrap: yindex % (H * W))
+    assert any(t.base == "yindex" and t.div == 1 and t.coeff == 1 for t in load.index.terms)
+    assert_like_eager(compiled(f)(x), f(x))
 
 
 # ------------------------------------------------------------------------------------------- reductions

@@ -20,6 +20,8 @@ PERSISTENT_TILE = 2048      # elements of a persistent reduction's tile when row
 LOOPED_RBLOCK = 2048        # elements per step of a looped (long-row) reduction
 COLUMN_PERSISTENT_MAX = 64  # a column reduction holds at most this many reduced elements per column at once
 COLUMN_XBLOCK = 64          # columns per program of a column reduction: loads run along them, coalesced
+TILE_SIDE = 64              # a layout change's tile: 64 x 64 (longer on one side when the other is short)
+TILE_ELEMENTS = 4096
 TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
       torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
       torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
@@ -95,14 +97,17 @@ class Codegen:
 
     # Set per kernel once its block sizes are known: a mask that is true in every lane is left out, as when
     # rows of 1024 fill RBLOCK exactly (the loads and stores then need no predicate and no `other`).
-    x_full = r_full = False
+    x_full = r_full = y_full = False
 
     def mask_for(self, rdep, xdep=True):
         """The mask of an access: xmask unless it does not depend on the row (`xdep`) or every row is in
-        range, rmask when it depends on rindex and the last block is partial. None when no lane is masked."""
+        range, rmask when it depends on rindex and the last block is partial, ymask in a tiled kernel unless
+        its tiles fit exactly. None when no lane is masked."""
         parts = []
         if xdep and not self.x_full:
             parts.append("xmask")
+        if self.k.tile and not self.y_full:
+            parts.append("ymask")
         if self.k.dims and rdep and not self.r_full:
             parts.append("rmask")
         return " & ".join(parts) or None
@@ -278,6 +283,8 @@ class Codegen:
 
     def gen_pointwise(self, roots):
         k = self.k
+        if k.tile:
+            return self.gen_tiled(roots)
         n = k.xnumel()
         xblock = min(1024 if n < (1 << 22) else 2048, next_pow2(n))
         warps = 4 if xblock <= 1024 else 8
@@ -291,6 +298,34 @@ class Codegen:
                 "    xindex = xoffset + tl.arange(0, XBLOCK)",
                 "    xmask = xindex < xnumel"]
         return head + s.lines, dict(XBLOCK=xblock, num_warps=warps, grid=(math.ceil(n / xblock),))
+
+    def gen_tiled(self, roots):
+        """A layout change: [YBLOCK, XBLOCK] tiles, xindex over the kernel's inner dims (the stores' contiguous
+        side), yindex over the rest (where the main input is contiguous); Triton turns the tile around in
+        shared memory so both sides coalesce."""
+        k = self.k
+        xn, yn = k.tile_numels()
+        xblock = min(next_pow2(xn), TILE_SIDE)
+        yblock = min(next_pow2(yn), max(TILE_SIDE, TILE_ELEMENTS // xblock))
+        xblock = min(next_pow2(xn), max(xblock, TILE_ELEMENTS // yblock))
+        self.x_full, self.y_full = xn % xblock == 0, yn % yblock == 0
+        xblocks = math.ceil(xn / xblock)
+        s = Scope()
+        idx = k.full_index()
+        for r in roots:
+            self.store(s, r, idx, self.value(s, r(idx)))
+        i64 = ".to(tl.int64)" if self.int64 else ""
+        head = [f"    xnumel = {xn}", f"    ynumel = {yn}",
+                f"    pid = tl.program_id(0){i64}",
+                f"    xoffset = (pid % {xblocks}) * XBLOCK",
+                f"    yoffset = (pid // {xblocks}) * YBLOCK",
+                "    xindex = xoffset + tl.arange(0, XBLOCK)[None, :]",
+                "    yindex = yoffset + tl.arange(0, YBLOCK)[:, None]",
+                "    xmask = xindex < xnumel",
+                "    ymask = yindex < ynumel"]
+        warps = 4 if xblock * yblock <= TILE_ELEMENTS else 8
+        return head + s.lines, dict(XBLOCK=xblock, YBLOCK=yblock, num_warps=warps,
+                                    grid=(xblocks * math.ceil(yn / yblock),))
 
     def gen_reduction(self, roots, reds):
         k = self.k
@@ -480,11 +515,14 @@ def generate(kernel, stored, load_stored, kernel_of):
         ir.LOAD_STORED = prev
     args = list(cg.inputs) + list(cg.outputs)
     names = [cg.inputs[a] for a in cg.inputs] + [cg.outputs[a] for a in cg.outputs]
-    consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if kernel.dims else [])
+    consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if kernel.dims else []) + \
+        (["YBLOCK: tl.constexpr"] if kernel.tile else [])
     sig = ", ".join(names + consts)
     comment = f"# kernel {kernel.name}: iteration space {list(kernel.shape)}"
     if kernel.dims:
         comment += f", reducing dims {list(kernel.dims)}"
+    if kernel.tile:
+        comment += f", tiles of dims {list(kernel.loop_order()[:kernel.tile])} (x) by the rest (y)"
     src = "\n".join(["import triton", "import triton.language as tl", "", comment, prelude(cg.helpers), "",
                      "@triton.jit", f"def {kernel.name}({sig}):"] + body) + "\n"
     ops = []
