@@ -106,6 +106,17 @@ def largest_input_order(value, shape):
     return found[0] if found else None
 
 
+def with_kept_order(order, shape, dims, out_shape, out_order):
+    """`order` with its kept dims (those not in `dims`) reordered, in the same slots, as the output of shape
+    `out_shape` (sizes > 1: the kept sizes > 1) is laid out (`out_order`): whether the kernel walks a row or a
+    column stays the input's call, the output is stored in order."""
+    kept = [d for d in range(len(shape)) if d not in dims and shape[d] != 1]
+    out_dim = dict(zip(kept, [j for j, s in enumerate(out_shape) if s != 1]))
+    rank = {j: i for i, j in enumerate(out_order)}
+    refill = iter(sorted(kept, key=lambda d: rank[out_dim[d]]))
+    return tuple(next(refill) if d in out_dim else d for d in order)
+
+
 def tile_split(shape, order, input_order):
     """A layout change (NCHW <-> NHWC, a transpose): the count of the kernel's innermost dims that form the
     x side of a [YBLOCK, XBLOCK] tile, the dims inner to the input's innermost one, so stores run along x and

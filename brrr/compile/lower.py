@@ -160,6 +160,12 @@ def norm_dims(dims, ndim):
     return tuple(sorted(d % max(ndim, 1) for d in dims))
 
 
+def device_of(x):
+    """The device of node x's tensor: its own note (a helper node's), else its FakeTensor's."""
+    device = x.meta.get("device")
+    return device if device is not None else fake(x).device
+
+
 def make_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body=None, acc_dtype=None):
     src_shape = tuple(x.shape)
     if any(src_shape[d] == 0 for d in dims) and rtype in ("max", "min", "argmax", "argmin"):
@@ -181,7 +187,7 @@ def make_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body=None, acc_d
                             fx=fx, ops=(op_name(fx.target),) if fx is not None else ())
         node.meta["acc_dtype"] = out_dtype
         node.meta["fake"] = torch.empty(out_shape, dtype=out_dtype, device="meta")
-        node.meta["device"] = fake(x).device
+        node.meta["device"] = device_of(x)
         return node
     split = None if rtype.startswith("arg") else reduction_split(x, dims)
     if split is not None:
@@ -190,7 +196,7 @@ def make_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body=None, acc_d
                         ops=(op_name(fx.target),) if fx is not None else ())
     node.meta["acc_dtype"] = acc_dtype
     node.meta["fake"] = torch.empty(out_shape, dtype=out_dtype, device="meta")
-    node.meta["device"] = fake(x).device
+    node.meta["device"] = device_of(x)
     L.add(node)
     return node
 
@@ -208,7 +214,7 @@ def memory_order(x):
     strides of x, else row-major."""
     shape = tuple(x.shape)
     order = layout.largest_input_order(x(layout.dim_vars(shape)), shape)
-    f = fake(x)
+    f = x.meta.get("fake")
     if order is None and isinstance(f, torch.Tensor) and tuple(f.shape) == shape:
         order = layout.order_of(tuple(f.stride()), shape)
     return order or layout.row_major(len(shape))
@@ -300,7 +306,7 @@ def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype
         ((xnumel, chunks), (xnumel, chunks, block), (2,))
     ops = (op_name(fx.target),) if fx is not None else ()
     part = ir.reduction(L.fresh("red"), pshape, part_dtype, partial_body, pspace, pdims, rtype, fx=fx, ops=ops)
-    part.meta.update(acc_dtype=acc_dtype, device=fake(x).device, order=layout.row_major(3),
+    part.meta.update(acc_dtype=acc_dtype, device=device_of(x), order=layout.row_major(3),
                      fake=torch.empty(pshape, dtype=part_dtype, device="meta"))
     L.add(part)
 
@@ -320,7 +326,7 @@ def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype
     by_memory = sorted(out_stride, key=out_stride.get) + [j for j in range(n_out) if j not in out_stride]
     final = ir.reduction(L.fresh("red"), out_shape, out_dtype, final_body, tuple(out_shape) + (chunks,), (n_out,),
                          rtype, fx=fx, ops=ops)
-    final.meta.update(acc_dtype=acc_dtype, device=fake(x).device,
+    final.meta.update(acc_dtype=acc_dtype, device=device_of(x),
                       order=tuple(by_memory + [n_out]) if column else tuple([n_out] + by_memory),
                       fake=torch.empty(out_shape, dtype=out_dtype, device="meta"))
     L.add(final)
@@ -517,4 +523,4 @@ def lower(gm):
 
 
 # the op families register themselves in LOWERINGS / PRIMS
-from brrr.compile.lowering import pointwise, reductions, views  # noqa: E402,F401
+from brrr.compile.lowering import pointwise, reductions, views, windows  # noqa: E402,F401

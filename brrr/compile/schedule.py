@@ -248,7 +248,8 @@ class Scheduler:
     def order_for(self, node, kernel):
         """The order a new kernel walks its space in, from its first root: eager's layout of a stored node
         something outside sees, else the layout of the largest tensor it reads, else eager's layout of the
-        node, else row-major. Split reductions name the order of their synthetic spaces themselves."""
+        node, else row-major; a reduction something outside sees walks its kept dims in its output's layout.
+        Split reductions name the order of their synthetic spaces themselves."""
         shape = kernel.shape
         if node.meta.get("order") is not None:
             return tuple(node.meta["order"])
@@ -260,7 +261,12 @@ class Scheduler:
         order = layout.largest_input_order(value, shape)
         if order is None and node.kind == "pointwise":
             order = layout.fake_order(node, shape)
-        return order or layout.row_major(len(shape))
+        order = order or layout.row_major(len(shape))
+        if node.kind == "reduction" and node in self.visible:   # the kept dims as eager stores the result
+            stored = layout.fake_order(node, node.shape)
+            if stored is not None:
+                order = layout.with_kept_order(order, shape, node.dims, node.shape, stored)
+        return order
 
     def assign_strides(self, node, kernel):
         """Strides of a root's buffer, fixed here so later kernels read it as it will be: eager's where
