@@ -7,6 +7,10 @@ views), or several consumers in different iteration spaces where recomputing cos
 kernels that share an iteration space: a pointwise space `S`, or a reduction space `(S, dims)` that also takes
 pointwise prologues/epilogues of shape `S` and per-row outputs (softmax, layer norm: one kernel). Each refusal
 is recorded with its reason for explain.
+
+Each kernel walks its space in memory order (`Kernel.order`, chosen by brrr.compile.layout when the kernel
+is made), and every buffer's strides are fixed as its kernel takes it, so later kernels read it as it will be.
+Kernels are named after what they fuse (brrr.compile.naming) once packing is done.
 """
 
 from dataclasses import dataclass, field

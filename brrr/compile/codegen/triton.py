@@ -1,10 +1,12 @@
 """Kernel -> Triton source (schedule -> **codegen** -> runtime).
 
-Three shapes of kernel: pointwise (1-D `xindex` blocks), persistent reduction (a [XBLOCK, RBLOCK] tile holds whole
-rows: load once, reduce, run the epilogue from registers) and looped reduction (one pass over the row per
-dependency level of its reductions, then one more for full-size epilogue outputs). Sizes and strides are static
-and baked into the source, so every index is a constant expression of `xindex`/`rindex`. Values are computed in
-fp32 for fp16/bf16 and rounded once on store; indices are int32 unless an offset can pass 2**31.
+Four shapes of kernel: pointwise (1-D `xindex` blocks), a layout change ([YBLOCK, XBLOCK] tiles: stores along
+xindex, loads along yindex), persistent reduction (a [XBLOCK, RBLOCK] tile holds whole rows: load once, reduce,
+run the epilogue from registers) and looped reduction (one pass over the row per dependency level of its
+reductions, then one more for full-size epilogue outputs). `xindex`, `rindex` and `yindex` number the kernel's
+dims in memory order (schedule's `Kernel.order`), so a column reduction's tile loads along the kept dims. Sizes
+and strides are static and baked into the source, so every index is a constant expression of them. Values are
+computed in fp32 for fp16/bf16 and rounded once on store; indices are int32 unless an offset can pass 2**31.
 """
 
 import math
@@ -521,6 +523,8 @@ def generate(kernel, stored, load_stored, kernel_of):
     comment = f"# kernel {kernel.name}: iteration space {list(kernel.shape)}"
     if kernel.dims:
         comment += f", reducing dims {list(kernel.dims)}"
+    if kernel.loop_order() != tuple(reversed(range(len(kernel.shape)))):
+        comment += f", dims walked innermost first {list(kernel.loop_order())}"
     if kernel.tile:
         comment += f", tiles of dims {list(kernel.loop_order()[:kernel.tile])} (x) by the rest (y)"
     src = "\n".join(["import triton", "import triton.language as tl", "", comment, prelude(cg.helpers), "",
