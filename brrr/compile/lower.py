@@ -212,12 +212,15 @@ def memory_order(x):
     """x's dims innermost first in the memory a kernel reads for it: the largest tensor its value loads (x
     itself when it is a buffer; through a `.contiguous()` brrr never makes, the tensor before it), else eager's
     strides of x, else row-major."""
+    if "memory_order" in x.meta:   # several reductions of one x ask (var: the sum, the squares)
+        return x.meta["memory_order"]
     shape = tuple(x.shape)
     order = layout.largest_input_order(x(layout.dim_vars(shape)), shape)
     f = x.meta.get("fake")
     if order is None and isinstance(f, torch.Tensor) and tuple(f.shape) == shape:
         order = layout.order_of(tuple(f.stride()), shape)
-    return order or layout.row_major(len(shape))
+    x.meta["memory_order"] = order or layout.row_major(len(shape))
+    return x.meta["memory_order"]
 
 
 def is_column(x, dims):

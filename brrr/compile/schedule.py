@@ -249,11 +249,18 @@ class Scheduler:
         return True, "", inlined
 
     # ------------------------------------------------------------------ memory order and strides
-    def order_for(self, node, kernel):
-        """The order a new kernel walks its space in, from its first root: eager's layout of a stored node
-        something outside sees, else the layout of the largest tensor it reads, else eager's layout of the
-        node, else row-major; a reduction something outside sees walks its kept dims in its output's layout.
-        Split reductions name the order of their synthetic spaces themselves."""
+    def open_kernel(self, kernel, node):
+        """Give a new kernel its first root: its order (`order_for`), then the root."""
+        value, inlined = self.evaluate(kernel, node, layout.dim_vars(kernel.shape))
+        kernel.order = self.order_for(node, kernel, value)
+        self.add_root(kernel, node, inlined)
+
+    def order_for(self, node, kernel, value):
+        """The order a new kernel walks its space in, from its first root (`value`: the root built at
+        layout.dim_vars): eager's layout of a stored node something outside sees, else the layout of the
+        largest tensor it reads, else eager's layout of the node, else row-major; a reduction something outside
+        sees walks its kept dims in its output's layout. Split reductions name the order of their synthetic
+        spaces themselves."""
         shape = kernel.shape
         if node.meta.get("order") is not None:
             return tuple(node.meta["order"])
@@ -261,7 +268,6 @@ class Scheduler:
             order = layout.fake_order(node, shape)
             if order is not None:
                 return order
-        value, _ = self.evaluate(kernel, node, layout.dim_vars(shape))
         order = layout.largest_input_order(value, shape)
         if order is None and node.kind == "pointwise":
             order = layout.fake_order(node, shape)
@@ -318,13 +324,12 @@ class Scheduler:
             return
         k = Kernel(f"k{len(kernels)}", tuple(node.src_shape if node.kind == "reduction" else node.shape),
                    node.dims if node.kind == "reduction" else ())
-        k.order = self.order_for(node, k)
         if kernels and last_reason:
             self.refusals.append((node, last_reason))
         self.position[k] = len(self.steps)
         self.position[node] = len(self.steps)
         self.steps.append(("kernel", k))
-        self.add_root(k, node, self.evaluate(k, node, k.index_for(node))[1])
+        self.open_kernel(k, node)
 
     def add_root(self, kernel, node, inlined):
         kernel.roots.append(node)
@@ -352,10 +357,9 @@ class Scheduler:
         self.stored.add(n)
         for root in (n, n.meta["scatter"]):
             k = Kernel(f"k{sum(1 for kind, _ in self.steps if kind == 'kernel')}", tuple(root.shape), (), [], True)
-            k.order = self.order_for(root, k)
             self.position[k] = len(self.steps)
             self.steps.append(("kernel", k))
-            self.add_root(k, root, self.evaluate(k, root, k.full_index())[1])
+            self.open_kernel(k, root)
         self.position[n] = self.position[n.meta["scatter"]] = self.position[k]
 
     def run(self):
