@@ -2,9 +2,9 @@
 
 A kernel is named `brrr_<op>_<op>_<n>`: its dominant ops (what it reduces, then the ops it fuses), then its
 index in the graph, so names are unique within a graph and read well in a profile, in `explain` and in
-`brrr analyze` (`brrr_bn_relu_3`, `brrr_layer_norm_add_7`, `brrr_max_pool2d_bn_add_relu_4`). An op a decomposition produced counts as the op it came from (the FX node's
-`original_aten`: the sub, mul and rsqrt of a batch norm read `bn`); views, copies and constants name a kernel
-only when it holds nothing else.
+`brrr analyze` (`brrr_bn_relu_3`, `brrr_layer_norm_add_7`, `brrr_max_pool2d_bn_add_relu_4`). An op a
+decomposition produced counts as the op it came from (the FX node's `original_aten`: the sub, mul and rsqrt of
+a batch norm read `bn`); views, copies and constants name a kernel only when it holds nothing else.
 """
 
 import re

@@ -8,7 +8,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_layout_probe_runs_every_case_and_reports_roof_fractions(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("layout_kernels", ROOT / "benchmarks" / "probes" / "layout_kernels.py")
+    path = ROOT / "benchmarks" / "probes" / "layout_kernels.py"
+    spec = importlib.util.spec_from_file_location("layout_kernels", path)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     out = tmp_path / "rows.json"

@@ -15,7 +15,7 @@ import torch
 
 from brrr.compile import ir, mathops
 from brrr.compile.codegen.shim import prelude
-from brrr.compile.indexing import Ix, Opaque, linear
+from brrr.compile.indexing import Opaque, linear
 
 PERSISTENT_MAX = 16384      # reduced elements per row held in registers at once
 PERSISTENT_TILE = 2048      # elements of a persistent reduction's tile when rows are short
