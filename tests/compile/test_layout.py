@@ -183,3 +183,63 @@ def test_kernels_are_named_after_what_they_fuse():
     assert names[0].startswith("brrr_layer_norm_") and any("softmax" in n for n in names)
     for _, _, why in ex.refusals:   # refusals name kernels as explain lists them
         assert "inference.brrr_" in why or "kernel" not in why
+
+
+# ------------------------------------------------------------------------------- what the GPU would run
+
+_COMPILE_FOR_SM90 = """
+import importlib.util, json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+path, name, pointers, meta = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+spec = importlib.util.spec_from_file_location("kernel_under_test", path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+fn = getattr(module, name)
+kinds = iter(pointers)
+sig = {p: "constexpr" if p.endswith("BLOCK") else next(kinds) for p in fn.arg_names}
+attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.arg_names) if not p.endswith("BLOCK")}
+consts = {(fn.arg_names.index(k),): v for k, v in meta.items() if k.endswith("BLOCK")}
+ptx = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                     options={"num_warps": meta["num_warps"]}).asm["ptx"]
+print(json.dumps([sorted(set(re.findall(op + r"\\.global(?:\\.[a-z0-9]+)*", ptx))) for op in ("ld", "st")]))
+"""
+
+
+def _ptx_memory_ops(ks, tmp_path):
+    """The global load/store instructions of KernelSource `ks` compiled for sm_90 (no GPU needed: Triton's
+    NVIDIA backend and ptxas), with 16-byte aligned pointers as the runtime's allocations are. In a process
+    of its own: the interpreter these tests run under replaces parts of triton.language."""
+    import json
+    import os
+    import subprocess
+    import sys
+    path = tmp_path / f"{ks.name}.py"
+    path.write_text(ks.source)
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int64: "i64"}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(path), ks.name,
+                           json.dumps(["*" + names[a.dtype] for a in ks.args]), json.dumps(ks.meta)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loads, stores = json.loads(done.stdout.strip().splitlines()[-1])
+    return set(loads), set(stores)
+
+
+def test_layout_kernels_vectorize_on_the_gpu(tmp_path):
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    x = torch.empty(8, 64, 16, 16, dtype=torch.bfloat16, device="meta").to(memory_format=torch.channels_last)
+    c = torch.empty(64, dtype=torch.bfloat16, device="meta")
+    cases = [
+        (lambda x, m, v: torch.relu(torch.nn.functional.batch_norm(x, m, v, c, c)), (x, c, c), True),
+        (lambda x: x.t().contiguous(), (torch.empty(256, 192, dtype=torch.bfloat16, device="meta"),), True),
+        (lambda x: torch.var_mean(x, (0, 2, 3), correction=0), (x,), False),   # a column reduction's loads
+    ]
+    for fn, inputs, vector_stores in cases:
+        (_, _, kernels), = plans(fn, *inputs)
+        ks = next(iter(kernels.values())) if len(kernels) == 1 else \
+            next(ks for k, ks in kernels.items() if len(k.shape) == 4)
+        loads, stores = _ptx_memory_ops(ks, tmp_path)
+        assert loads == {"ld.global.v4.b32"}, (ks.name, loads)             # 16-byte loads: 8 bf16 lanes
+        assert not vector_stores or stores == {"st.global.v4.b32"}, (ks.name, stores)
