@@ -126,13 +126,10 @@ def kernel_fx_nodes(kernel, rendered=()):
 
 
 def generate_all(plan):
-    """KernelSource per kernel step (reverse order, so a reduction read by a later kernel is stored)."""
+    """KernelSource per kernel step (reverse order, so a reduction read by a later kernel is stored). Every
+    stored node's strides were fixed by the scheduler (brrr.compile.layout)."""
     stored = set(plan.stored)
     kernel_of = {r: k for kind, k in plan.steps if kind == "kernel" for r in k.roots}
-    for n in list(kernel_of) + list(stored):
-        fake = n.meta.get("fake")
-        n.stride = tuple(fake.stride()) if fake is not None and tuple(fake.shape) == tuple(n.shape) \
-            else ir.contiguous(n.shape)
     out = {}
     for kind, k in reversed(plan.steps):
         if kind != "kernel":
