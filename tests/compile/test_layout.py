@@ -12,10 +12,22 @@ from tests.compile.helpers import compiled
 
 def plans(fn, *inputs):
     """[(graph kind, Plan, {Kernel: KernelSource})] brrr makes of `fn(*inputs)` (planned, nothing run)."""
-    out = []
-    backend = make_backend(_sink=lambda kind, gm, plan, kernels: out.append((kind, plan, kernels)))
-    torch.compile(fn, backend=backend, dynamic=False)(*inputs)
-    return out
+    sink = PlanSink()
+    torch.compile(fn, backend=make_backend(_sink=sink), dynamic=False)(*inputs)
+    return sink.plans
+
+
+class PlanSink:
+    """Keeps what the backend planned; a graph it fell back on fails the test that expected kernels."""
+
+    def __init__(self):
+        self.plans = []
+
+    def planned(self, kind, gm, plan, kernels):
+        self.plans.append((kind, plan, kernels))
+
+    def fell_back(self, scope, reason):
+        raise AssertionError(f"brrr fell back ({scope}): {reason}")
 
 
 def kernels_of(fn, *inputs):
