@@ -83,9 +83,11 @@ def _dims_in(base):
 
 def largest_input(value, shape):
     """(order, elements touched) of the largest tensor `value` loads, as seen from the iteration space `shape`
-    (value built at `dim_vars(shape)`), or None when no load tells its order."""
+    (value built at `dim_vars(shape)`), or None when no load tells its order. Of several loads of one tensor,
+    the one that spans most of the space decides: a layer norm's shift (x[:, 0], broadcast along the row) reads
+    the same tensor as its x, but walking by it would put the rows innermost."""
     from brrr.cost.ops import tensor_bytes
-    best, best_bytes = None, -1
+    best, best_key = None, None
     for v in ir.walk(value):
         if not isinstance(v, ir.Load):
             continue
@@ -94,9 +96,13 @@ def largest_input(value, shape):
             continue
         fake = v.buf.meta.get("fake")
         nbytes = tensor_bytes(fake) if hasattr(fake, "stride") else v.buf.numel
-        if nbytes > best_bytes:
+        spanned = 1
+        for s, size in zip(strides, shape):
+            spanned *= int(size) if s != 0 else 1
+        key = (nbytes, spanned)
+        if best_key is None or key > best_key:
             elements = nbytes // fake.element_size() if hasattr(fake, "element_size") else nbytes
-            best, best_bytes = (order_of(strides, shape), elements), nbytes
+            best, best_key = (order_of(strides, shape), elements), key
     return best
 
 

@@ -159,6 +159,15 @@ def test_row_or_column_reduction_follows_memory_order(memory_format, column):
         assert kernel.shape == (64, 256, 56, 56) and not kernel.is_column()
 
 
+@pytest.mark.parametrize("cols", [1000, 65536])
+def test_layer_norm_is_a_row_reduction_at_any_width(cols):
+    # its one-pass variance also loads x[:, 0] (the shift), broadcast along the row; the order must come from
+    # the load of all of x, or the rows walk innermost and every lane reads a different row
+    x, w = torch.empty(2048, cols, dtype=torch.bfloat16, device="meta"), torch.empty(cols, device="meta")
+    (kernel,) = kernels_of(lambda x: torch.nn.functional.layer_norm(x, (cols,), w.bfloat16(), w.bfloat16()), x)
+    assert kernel.dims == (1,) and not kernel.is_column() and kernel.loop_order()[0] == 1
+
+
 def test_batch_norm_statistics_read_channels_last_input_once():
     x = torch.empty(64, 256, 56, 56, dtype=torch.bfloat16, device="meta").to(memory_format=torch.channels_last)
     mean, var = torch.empty(256, device="meta"), torch.empty(256, device="meta")
