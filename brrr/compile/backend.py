@@ -20,6 +20,7 @@ import torch
 from brrr.compile.attention_mask import contiguous_attention_masks
 from brrr.compile import fallbacks
 from brrr.compile.fallbacks import MAX_REPLANS, GraphFallback, KernelFailed, debugging, recover, warn_once
+from brrr.compile.specialize import PerShape
 
 aten = torch.ops.aten
 
@@ -69,13 +70,22 @@ def _devices(gm, example_inputs=()):
     return {v.device.type for v in list(_values(gm)) + list(example_inputs) if isinstance(v, torch.Tensor)}
 
 
+SYMBOLIC = "dynamic shapes: brrr compiles the graph once per shape it is called with"
+
+
 def graph_refusal(gm, example_inputs=(), planning_only=False):
-    """Why brrr's kernels cannot run this graph here (None when they can). `planning_only` (explain) asks only
-    whether it can be planned: a CPU graph without TRITON_INTERPRET=1 can, though its kernels cannot run."""
+    """Why brrr's kernels cannot run this graph here as it is (None when they can). `planning_only` (explain)
+    asks only whether it can be planned: a CPU graph without TRITON_INTERPRET=1 can, though its kernels cannot
+    run. A symbolic graph (SYMBOLIC) is compiled per shape (specialize.py) where its devices allow."""
     if not _static(gm, example_inputs):
-        return "dynamic shapes: the graph runs as captured (mark inputs static to fuse)"
+        return SYMBOLIC
     if planning_only:
         return None
+    return device_refusal(gm, example_inputs)
+
+
+def device_refusal(gm, example_inputs=()):
+    """Why brrr's kernels cannot run on this graph's devices here, or None."""
     devices = _devices(gm, example_inputs)
     if "cuda" in devices and torch.cuda.is_available() and devices <= {"cuda", "cpu"}:
         return None
@@ -174,16 +184,24 @@ def brrr_backend(gm, example_inputs, cuda_graphs=False, _sink=None, **options):
     """The Dynamo backend: AOTAutograd (core-ATen decompositions, min-cut partitioner) around compile_graph;
     plain graphs then run from brrr's lean runtime instead of AOTAutograd's wrappers (lean_autograd.py).
     A graph brrr cannot compile (GraphFallback) runs as Dynamo captured it: `gm.forward`, taken before any
-    pass here changes the graph."""
+    pass here changes the graph. A graph of symbolic sizes is compiled once per shape (specialize.py)."""
+    eager_forward = gm.forward   # bound now: the passes below recompile gm, this keeps the captured code
+    reason = graph_refusal(gm, example_inputs, planning_only=_sink is not None)
+    if reason == SYMBOLIC and _sink is None and device_refusal(gm, example_inputs) is None:
+        return PerShape(gm, functools.partial(_compile_static, eager_forward=eager_forward,
+                                              cuda_graphs=cuda_graphs), eager_forward)
+    if reason:
+        return _dynamo_graph_fallback(reason, eager_forward, _sink)
+    return _compile_static(gm, example_inputs, eager_forward, cuda_graphs, _sink)
+
+
+def _compile_static(gm, example_inputs, eager_forward, cuda_graphs=False, _sink=None):
+    """brrr_backend for a graph of concrete sizes."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     from brrr.compile.lean_autograd import GraphCapture, lean_backward_patch
 
-    eager_forward = gm.forward   # bound now: the passes below recompile gm, this keeps the captured code
-    reason = graph_refusal(gm, example_inputs, planning_only=_sink is not None)
-    if reason:
-        return _dynamo_graph_fallback(reason, eager_forward, _sink)
     capture = GraphCapture()
     compiling = [True]   # a backward compiled lazily, after the backend returned, cannot fall back to Dynamo
 

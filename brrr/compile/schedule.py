@@ -189,28 +189,53 @@ class Scheduler:
         self.recompute_or_store()
 
     def recompute_or_store(self):
-        """a pointwise node read by consumers in k different iteration spaces: store it when
-        in_bytes + out_bytes * (k + 1) < k * in_bytes (brrr.cost's tensor_bytes for each side)."""
+        """a pointwise node read by consumers in k different iteration spaces (or stages, `extern_stages`):
+        store it when
+        in_bytes + out_bytes * k <= k * in_bytes (brrr.cost's tensor_bytes for each side). Stored, it is
+        computed in one of those spaces (whose read is then free), written once and read by the k - 1 others.
+        Nodes are decided in graph order and a node's reads count what is already stored as one load, so a
+        chain such as a residual stream (x1 = x0 + a, x2 = x1 + b, ...) is not re-derived from its start in
+        every layer: each layer would read one more tensor than the last. A tie stores: the same bytes, and the
+        kernels that read it stay short."""
         from brrr.cost.ops import tensor_bytes
+        stage = self.extern_stages()
         users = {}
         for n in self.nodes:
             if n.kind == "buffer" or n.fx is None:
                 continue
             for u in n.fx.users:
                 for un in _ir_of(self.L, u):
-                    users.setdefault(n, set()).add(_space(un))
-        for n, spaces in users.items():
-            if n.kind != "pointwise" or n.view_of is not None or n in self.stored or len(spaces) < 2:
-                continue
-            reads = {}
-            for v in ir.walk(n(unflatten(Ix.var("xindex", max(n.numel, 1)), n.shape))):
-                if isinstance(v, ir.Load):
-                    reads[v.buf] = load_bytes(v.buf, n.numel)
-            in_b, out_b, k = sum(reads.values()), tensor_bytes(n.meta["fake"]), len(spaces)
-            if in_b + out_b * (k + 1) < k * in_b:
-                self.stored.add(n)
-                self.refusals.append((n, f"stored: read by {k} iteration spaces; recomputing would move "
-                                         f"{k * in_b} bytes, storing {in_b + out_b * (k + 1)}"))
+                    users.setdefault(n, set()).add((_space(un), stage.get(u, 0)))
+        prev = ir.LOAD_STORED
+        try:
+            for n, spaces in users.items():
+                if n.kind != "pointwise" or n.view_of is not None or n in self.stored or len(spaces) < 2:
+                    continue
+                ir.LOAD_STORED = self.stored
+                reads = {}
+                for v in ir.walk(n(unflatten(Ix.var("xindex", max(n.numel, 1)), n.shape))):
+                    if isinstance(v, ir.Load):
+                        reads[v.buf] = load_bytes(v.buf, n.numel)
+                in_b, out_b, k = sum(reads.values()), tensor_bytes(n.meta["fake"]), len(spaces)
+                if in_b + out_b * k <= k * in_b:
+                    self.stored.add(n)
+                    self.refusals.append((n, f"stored: read by {k} iteration spaces; recomputing would move "
+                                             f"{k * in_b} bytes, storing {in_b + out_b * k}"))
+        finally:
+            ir.LOAD_STORED = prev
+
+    def extern_stages(self):
+        """{FX node: how many ATen calls (Extern/Fallback) lie on its longest path from the inputs}. Two readers
+        of one space at different stages sit in different kernels (one reads what an ATen call made after the
+        other's kernel), so for recompute_or_store they count as two spaces: a residual stream's add and the
+        layer norm of the same tensor are split by the layer's matmuls."""
+        stage = {}
+        for fx in self.L.gm.graph.nodes:
+            s = max((stage.get(a, 0) for a in fx.all_input_nodes), default=0)
+            if any(v.kind == "buffer" and v.producer in ("extern", "fallback") for v in _ir_of(self.L, fx)):
+                s += 1
+            stage[fx] = s
+        return stage
 
     # ------------------------------------------------------------------ packing roots into kernels
     def evaluate(self, kernel, node, idx):

@@ -1,0 +1,70 @@
+"""Changing shapes (capture -> **specialize** -> lower -> schedule -> codegen -> runtime).
+
+brrr's IR and kernels hold sizes as constants. When Dynamo captures a graph with symbolic sizes (a dimension
+changed between calls), `PerShape` compiles it once per concrete shape it is called with, each time through
+brrr's static path: AOTAutograd re-traces the captured graph at those sizes (a size input arrives as an int
+and is baked in like any other constant). At most `MAX_SHAPES` shapes per graph get their own compile; past
+them, and for a shape whose compile falls back, the captured graph runs as Dynamo gave it.
+
+Why not just run the captured graph: it is not eager. Traced, Hugging Face models build their attention masks
+without the data-dependent shortcuts eager takes, so BERT's attention there runs as math attention in fp32,
+5x eager's device time on an H100 at 8x512 (`benchmarks/NOTES.md`). A specialization gets brrr's mask pass and
+fused kernels, and costs one compile per new shape.
+"""
+
+import torch
+import torch.fx
+
+from brrr.compile import fallbacks
+from brrr.compile.fallbacks import warn_once
+
+MAX_SHAPES = 8
+
+
+def signature(args):
+    """What a specialization is valid for: each tensor's sizes, strides, dtype and device; each other value."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append((tuple(a.shape), tuple(a.stride()), a.dtype, a.device.type, a.requires_grad))
+        elif isinstance(a, (int, float, bool)):
+            out.append(a)
+        else:
+            out.append(type(a).__name__)
+    return tuple(out)
+
+
+class PerShape:
+    """A symbolic graph, compiled by `compile_static(gm, args)` once per shape signature of its arguments."""
+
+    def __init__(self, gm, compile_static, eager_forward, limit=None):
+        self.gm, self.compile_static, self.eager_forward = gm, compile_static, eager_forward
+        self.limit = MAX_SHAPES if limit is None else limit
+        self.compiled = {}
+
+    def __call__(self, *args):
+        key = signature(args)
+        fn = self.compiled.get(key)
+        if fn is None:
+            fn = self.compiled[key] = self.specialize(key, args)
+        return fn(*args)     # a backend's result is called as Dynamo calls it
+
+    def specialize(self, key, args):
+        if len(self.compiled) >= self.limit:
+            reason = (f"changing shapes: {self.limit} shapes of this graph already compiled; others run as "
+                      f"captured")
+            fallbacks.log("graph", "dynamo", "graph", reason)
+            warn_once(reason)
+            return self.eager_forward
+        # a graph of its own: the attention-mask pass rewrites the graph it is given; parameters stay shared
+        gm = torch.fx.GraphModule(self.gm, _copy_graph(self.gm.graph))
+        # outside Dynamo's compile there is no tracing context: AOTAutograd fakes the real arguments statically
+        with torch._guards.tracing(None):
+            return self.compile_static(gm, list(args))
+
+
+def _copy_graph(graph):
+    new = torch.fx.Graph()
+    out = new.graph_copy(graph, {})
+    new.output(out)
+    return new
