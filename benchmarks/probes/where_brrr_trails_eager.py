@@ -65,12 +65,12 @@ def fixed(name):
         measure(f"{name} {backend}", step_of(work, fn, work.inputs))
 
 
-def lengths(name):
+def lengths(name, backends=("eager", "dynamo-eager", "brrr", "brrr-static")):
     import torch
     import models
     from brrr.bench.backends import fresh_compile
     work = models.BY_NAME[name].build("cuda", torch.bfloat16, False)
-    for backend in ("eager", "dynamo-eager", "brrr", "brrr-static"):
+    for backend in backends:
         if backend == "eager":
             fn = work.model
         elif backend == "dynamo-eager":     # Dynamo's graph run as it is: what brrr's graph fallback runs
@@ -81,7 +81,7 @@ def lengths(name):
         else:
             fn = fresh_compile(work.model, "brrr", dynamic=False)
         for label, inputs in work.shapes:
-            measure(f"{name} {backend} {label}", step_of(work, fn, inputs), top=6 if "512" in label else 0)
+            measure(f"{name} {backend} {label}", step_of(work, fn, inputs), top=8 if label in ("len 512", "len 200") else 0)
 
 
 def wide_rows(name):
@@ -106,10 +106,14 @@ def wide_rows(name):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="wide-rows,deit-small-infer,opt-125m-train,bert-lengths-infer")
+    p.add_argument("--length-backends", default="eager,dynamo-eager,brrr,brrr-static")
     args = p.parse_args()
     for name in args.only.split(","):
         try:
-            (wide_rows if name == "wide-rows" else lengths if "lengths" in name else fixed)(name)
+            if "lengths" in name:
+                lengths(name, args.length_backends.split(","))
+            else:
+                (wide_rows if name == "wide-rows" else fixed)(name)
         except Exception as e:     # one configuration's failure is a finding, not the end of the probe
             print(f"{name}: {type(e).__name__}: {e}"[:400], flush=True)
 
