@@ -145,7 +145,8 @@ def markdown(results):
             lines.append(f"| {e['name']} | {'train' if e['train'] else 'infer'} | {e['status']}: "
                          f"{e.get('error', '')[:100]} |" + " |" * (len(head) - 3))
             continue
-        cells = [e["name"], "train" if e["train"] else "infer"] + [_cell(e, b) for b in backends]
+        name = f"{e['name']} @{e['commit']}" if "," in str(env["commit"]) and e.get("commit") else e["name"]
+        cells = [name, "train" if e["train"] else "infer"] + [_cell(e, b) for b in backends]
         if "brrr vs inductor" in head:
             cells.append(_x(speedup(e, "brrr", "inductor")))
         lines.append("| " + " | ".join(cells) + " |")
@@ -213,18 +214,44 @@ def write(results, stem):
 
 
 def merge(paths):
-    """One result from parts run in separate calls: configurations and warm compiles in the zoo's order."""
-    merged = None
+    """One result from parts run in separate calls, in the zoo's order. A configuration a later part ran
+    replaces one an earlier part skipped; one it skipped never replaces a run. When the parts measured
+    different commits, each configuration keeps its own (`commit`) and the environment lists them all."""
+    merged, commits = None, []
     for path in paths:
         part = json.loads(Path(path).read_text())
+        commit = part["environment"].get("commit")
+        if commit not in commits:
+            commits.append(commit)
+        for entry in part["configs"].values():
+            entry.setdefault("commit", commit)
         if merged is None:
             merged = part
             merged["environment"]["part"] = None
             continue
-        merged["configs"].update(part["configs"])
+        for name, entry in part["configs"].items():
+            if entry.get("status") != "skipped" or merged["configs"].get(name, {}).get("status") in (None, "skipped"):
+                merged["configs"][name] = entry
         merged.setdefault("warm_compile", {}).update(part.get("warm_compile", {}))
         merged["environment"].setdefault("hosts", []).append(part["environment"].get("device"))
+    if merged is not None and len(commits) > 1:
+        merged["environment"]["commit"] = ", ".join(str(c) for c in commits)
+    if merged is not None:
+        merged["configs"] = {name: merged["configs"][name] for name in _zoo_order(merged["configs"])}
     return merged
+
+
+def _zoo_order(names):
+    """`names` in the zoo's order (models.CONFIGS), any it does not know last."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        import models
+        order = {c.name: i for i, c in enumerate(models.CONFIGS)}
+    except ImportError:          # torch absent: report.py reads results anywhere
+        order = {}
+    finally:
+        sys.path.pop(0)
+    return sorted(names, key=lambda n: order.get(n, len(order)))
 
 
 def readme_block(results, path):

@@ -75,3 +75,26 @@ def test_readme_block_is_generated_from_a_results_file(tmp_path):
     report.update_readme(readme, results, "benchmarks/results/zoo/x.json")
     text = readme.read_text()
     assert "old" not in text and "| a | 10.00 | 5.00 (2.00x) | 4.00 (2.50x) |" in text and text.endswith("after\n")
+
+
+def test_merge_keeps_what_ran_and_each_configurations_commit(tmp_path):
+    report = _load("report")
+    env = lambda commit: {"device": "GPU", "torch": "2", "triton": "3", "commit": commit, "date": "d",  # noqa: E731
+                          "dtype": "bfloat16", "mode": "full", "backends": ["eager", "brrr"], "part": None}
+    ran = lambda name: {"name": name, "family": "seed", "train": True, "status": "ok", "kind": "static",  # noqa: E731
+                        "result": {"rows": [{"backend": "eager", "status": "ok", "median_s": 1e-3}]}}
+    skipped = lambda name: {"name": name, "family": "seed", "train": True, "status": "skipped",  # noqa: E731
+                            "error": "budget"}
+    first = {"environment": env("aaa"), "configs": {"resnet50-infer": ran("resnet50-infer"),
+                                                    "llama-train": skipped("llama-train")}}
+    second = {"environment": env("bbb"), "configs": {"resnet50-infer": skipped("resnet50-infer"),
+                                                     "llama-train": ran("llama-train")}}
+    paths = []
+    for i, part in enumerate((first, second)):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(part))
+    merged = report.merge(paths)
+    assert list(merged["configs"]) == ["llama-train", "resnet50-infer"]        # the zoo's order
+    assert {n: (e["status"], e["commit"]) for n, e in merged["configs"].items()} == {
+        "resnet50-infer": ("ok", "aaa"), "llama-train": ("ok", "bbb")}
+    assert merged["environment"]["commit"] == "aaa, bbb" and "llama-train @bbb" in report.markdown(merged)

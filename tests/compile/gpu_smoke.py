@@ -2,7 +2,8 @@
 
     python tests/compile/gpu_smoke.py            # prints one line per check; exits 1 if a correctness check fails
 
-Targets (H100): x*2 fp32 >= 95% of torch's copy bandwidth; softmax / layer norm bf16 >= 85%.
+Targets (H100): x*2 fp32 >= 95% of torch's copy bandwidth; softmax / layer norm bf16 >= 85% (of 2/3 of it
+for rows past 16K elements, which are read twice).
 """
 
 import copy
@@ -128,8 +129,12 @@ def bandwidth():
             t = bench(cf, xb)
             bw = 2 * xb.numel() * 2 / t
             te = bench(fn, xb)
-            check(f"{name} bf16 [{rows},{cols}] >= 85% copy bw", bw >= 0.85 * copy_bw,
-                  f"{bw / 1e12:.2f} TB/s = {bw / copy_bw:.0%} (eager {2 * xb.numel() * 2 / te / 1e12:.2f} TB/s)")
+            # a row past ~16K elements does not fit one program's registers: it is read twice (statistics,
+            # then the output), so its roof is 2/3 of copy on the bytes read once and written once
+            passes = 3 if cols > 16384 else 2
+            target = 0.85 * copy_bw * 2 / passes
+            check(f"{name} bf16 [{rows},{cols}] >= 85% of the copy roof for {passes} passes", bw >= target,
+                  f"{bw / 1e12:.2f} TB/s = {bw / copy_bw:.0%} of copy (eager {2 * xb.numel() * 2 / te / 1e12:.2f} TB/s)")
 
 
 if __name__ == "__main__":
