@@ -247,7 +247,8 @@ def prim_broadcast_in_dim(L, fx, x, shape, bdims):
 
 @register("flip")
 def lower_flip(L, fx, x, dims):
-    """out[i] = x[size - 1 - i] on the flipped dims; the reversed index stays an opaque non-negative base."""
+    """out[i] = x[size - 1 - i] on the flipped dims; the reversed index stays an opaque non-negative base. A
+    pointwise node, not a view: ATen's flip copies, and no strides express it."""
     n = len(x.shape)
     dims = {d % n for d in dims} if n else set()
 
@@ -262,7 +263,7 @@ def lower_flip(L, fx, x, dims):
                 raise NotLowered("flip of an indirect index")
             src[d] = Ix([Term(f"({size - 1} - ({i.render()}))", size, 1, None, 1)])
         return x(src)
-    return view_node(L, fx, x, fn)
+    return pw(L, fx, fn)
 
 
 @register("scatter")
