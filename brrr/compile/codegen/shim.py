@@ -67,6 +67,22 @@ def round_half_even(x):
     odd = (tl.math.floor(r * 0.5) * 2.0) != r
     return tl.where(tie & odd, r - 1.0, r)
 ''',
+    # Exact bfloat16 conversions for the Triton interpreter, as bit manipulations: its own fp32 -> bf16 cast
+    # truncates, and both directions lose subnormals. Compiled kernels use Triton's casts, which are exact.
+    "bf16_rne": '''
+@triton.jit
+def bf16_rne(x):
+    # to bfloat16 rounded to nearest even, as eager does (overflow rounds to inf, NaN stays NaN)
+    bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    rounded = tl.where(x != x, 0x7FC0, rounded)
+    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+''',
+    "bf16_to_fp32": '''
+@triton.jit
+def bf16_to_fp32(x):
+    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+''',
     "trunc": '''
 @triton.jit
 def trunc(x):
