@@ -73,7 +73,7 @@ def round_half_even(x):
 @triton.jit
 def bf16_rne(x):
     # to bfloat16 rounded to nearest even, as eager does (overflow rounds to inf, NaN stays NaN)
-    bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+    bits = tl.cast(x, tl.float32).to(tl.uint32, bitcast=True)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     rounded = tl.where(x != x, 0x7FC0, rounded)
     return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
