@@ -239,3 +239,15 @@ def test_every_host_view_aliases_its_input():
             self.__name__, self.is_view = name, is_view
     assert ir.aliases_input(torch.ops.aten.permute.default) and ir.aliases_input(torch.ops.aten._unsafe_view.default)
     assert not ir.aliases_input(torch.ops.aten.flip.default) and not ir.aliases_input(Target("roll", False))
+
+
+def test_as_strided_of_a_graph_input_reads_the_callers_storage():
+    # as_strided addresses the input's storage: a graph input's storage offset is the caller's (an autograd
+    # tangent's differs from the traced one), so a kernel reading at the traced offset read outside the tensor
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from brrr.compile.backend import compile_graph
+    f = lambda x: (torch.as_strided(x, (3,), (1,), 0) * 2,)  # noqa: E731
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(4)[1:])    # traced with storage offset 1
+    x = torch.randn(3)                                          # called with storage offset 0
+    torch.testing.assert_close(compile_graph(gm, [x])([x]), f(x))

@@ -120,10 +120,20 @@ def lower_squeeze(L, fx, x, *rest):
 
 @register("as_strided")
 def lower_as_strided(L, fx, x, size, stride, offset=None):
+    """as_strided addresses its input's storage, not the input: an index rewrite only where brrr knows where
+    that storage starts. A graph input's storage offset is the caller's (an autograd tangent's differs from the
+    traced one), so its as_strided runs as the ATen view it is."""
     f = fake(x)
-    if x.kind != "buffer" and tuple(f.stride()) != contiguous_strides(f.shape):
-        raise NotLowered("as_strided over a non-contiguous intermediate")
+    if x.kind == "buffer" and x.producer == "input":
+        node = L.buffer_op(fx, "extern", "")
+        L.added.add(node)
+        return node
     offset = f.storage_offset() if offset is None else offset
+    if x.kind != "buffer":
+        if tuple(f.stride()) != contiguous_strides(f.shape) or f.storage_offset() != 0:
+            raise NotLowered("as_strided over a non-contiguous intermediate or a view of one")
+        if any(s < 0 for s in stride) or offset + sum((n - 1) * s for n, s in zip(size, stride) if n) >= max(x.numel, 1):
+            raise NotLowered("as_strided reaching outside its input")
     if x.kind == "buffer":   # relative to the tensor's data_ptr(), which already includes its storage offset
         offset -= f.storage_offset()
         return view_node(L, fx, x, lambda idx: ir.Load(x, linear(idx, stride, offset), x.dtype,
