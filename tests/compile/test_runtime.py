@@ -251,3 +251,10 @@ def test_as_strided_of_a_graph_input_reads_the_callers_storage():
     gm = make_fx(f, tracing_mode="fake")(torch.randn(4)[1:])    # traced with storage offset 1
     x = torch.randn(3)                                          # called with storage offset 0
     torch.testing.assert_close(compile_graph(gm, [x])([x]), f(x))
+
+
+def test_reductions_of_index_values_reduce_in_int64():
+    # an arange is an int32 index in registers: a min with int64's identity did not fit (multilabel_margin_loss)
+    x = torch.randn(3, 7)
+    f = lambda x: torch.where(x > 0, torch.arange(7), 7).amin(-1) + torch.arange(7).expand(3, 7).sum(-1)  # noqa: E731
+    torch.testing.assert_close(compiled(f)(x), f(x))
