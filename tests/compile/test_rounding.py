@@ -46,3 +46,12 @@ def test_bfloat16_subnormals_load_and_round_exactly():
     x = torch.tensor([2.0 ** -130, -2.0 ** -133, 1e-39, 2.0 ** -126, 1.0]).to(torch.bfloat16)
     out = compiled(lambda x: (x * 2).float() * 0.5)(x)
     assert torch.equal(out, (x.float() * 2).to(torch.bfloat16).float() * 0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_a_bool_constant_fills_a_float_tensor_with_one(dtype):
+    # fill(x, True): the literal True stored into bfloat16 was the bit pattern 1 (9.2e-41), not 1.0
+    x = torch.randn(20).to(dtype)
+    f = lambda x: (torch.full_like(x, True), torch.ops.aten.fill.Scalar(x, True))  # noqa: E731
+    for out, ref in zip(compiled(f)(x), f(x)):
+        assert torch.equal(out, ref)

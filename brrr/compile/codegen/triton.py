@@ -469,7 +469,9 @@ def _mask_arg(mask):
 
 
 def literal(x, dtype):
-    if isinstance(x, bool) or dtype == torch.bool:
+    """Python source for constant `x` as a value of `dtype` (a bool filling a float tensor is 1.0, not True:
+    stored as True into bfloat16 it was the bit pattern 1)."""
+    if dtype == torch.bool:
         return "True" if x else "False"
     if dtype.is_floating_point:
         x = float(x)
