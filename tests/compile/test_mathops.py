@@ -92,3 +92,12 @@ def test_atan2_in_every_quadrant_with_signed_zeros_and_infinities():
     ref = torch.atan2(y, x)
     torch.testing.assert_close(out, ref, rtol=3e-7, atol=3e-7, equal_nan=True)
     assert torch.equal(torch.signbit(out[~ref.isnan()]), torch.signbit(ref[~ref.isnan()]))
+
+
+@pytest.mark.parametrize("shape", [(), (7,)])
+def test_pow_with_a_constant_exponent(shape):
+    # x ** 5.0 calls the shim's pow with a Python float exponent (linalg.vector_norm(ord=6)'s backward)
+    x = torch.randn(shape)
+    for f in (lambda x: x ** 5.0, lambda x: torch.pow(x, -3.0), lambda x: x.abs() ** 0.3):
+        torch._dynamo.reset()
+        torch.testing.assert_close(compiled(f)(x), f(x))

@@ -50,7 +50,9 @@ def atan2(y, x):
     "pow": '''
 @triton.jit
 def pow(x, y):
-    # x ** y for float tensors, with torch's signs for negative bases and integral exponents
+    # x ** y for float tensors, with torch's signs for negative bases and integral exponents; y may be a
+    # constant (x ** 5.0)
+    y = tl.zeros_like(x) + y
     r = tl.exp2(y * tl.log2(tl.abs(x)))
     y_int = tl.math.floor(y) == y
     y_odd = y_int & ((tl.math.floor(y * 0.5) * 2.0) != y)
