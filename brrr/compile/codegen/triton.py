@@ -269,7 +269,8 @@ class Codegen:
         acc = compute_dtype(r.meta.get("acc_dtype", r.dtype))
         if acc == torch.bool:
             name = self.tmp(scope, f"tl.cast({name}, tl.int32)", True)
-        elif not acc.is_floating_point:   # an index value is int32 in registers: reduce it in the IR's type
+        elif not acc.is_floating_point and not r.rtype.startswith("arg"):
+            # an index value is int32 in registers: reduce it in the IR's type (arg-reductions keep their values)
             name = self.tmp(scope, f"tl.cast({name}, {TL[acc]})", True)
         mask = self.mask_for(True)
         if mask:
