@@ -101,3 +101,23 @@ def test_pow_with_a_constant_exponent(shape):
     for f in (lambda x: x ** 5.0, lambda x: torch.pow(x, -3.0), lambda x: x.abs() ** 0.3):
         torch._dynamo.reset()
         torch.testing.assert_close(compiled(f)(x), f(x))
+
+
+@pytest.mark.parametrize("fn", [torch.acosh, torch.asinh, torch.atanh], ids=lambda f: f.__name__)
+def test_inverse_hyperbolics_at_special_values(fn):
+    x = torch.tensor(SPECIAL_VALUES + torch.linspace(-20, 20, 101).tolist() + [1.0001, 1e-4, -1e-6, 1e20, -1e20])
+    torch.testing.assert_close(compiled(fn)(x), fn(x), rtol=2e-6, atol=1e-6, equal_nan=True)
+
+
+def test_copysign_hypot_signbit_ldexp_round_decimals():
+    v = torch.tensor(SPECIAL_VALUES)
+    a, b = torch.meshgrid(v, v, indexing="ij")
+    for f in (torch.copysign, torch.hypot, lambda a, b: torch.signbit(a) ^ torch.signbit(b),
+              lambda a, b: torch.ldexp(a, b.clamp(-20, 20).round()), lambda a, b: torch.round(a * 7.123, decimals=2),
+              lambda a, b: torch.round(a * 7123.4, decimals=-2)):
+        torch._dynamo.reset()
+        out, ref = compiled(f)(a, b), f(a, b)
+        torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6, equal_nan=True)
+        if ref.is_floating_point():
+            same = ~ref.isnan()
+            assert torch.equal(torch.signbit(out[same]), torch.signbit(ref[same]))

@@ -118,6 +118,23 @@ def lower_squeeze(L, fx, x, *rest):
     return view_node(L, fx, x, fn)
 
 
+@register("diagonal")
+def lower_diagonal(L, fx, x, offset=0, dim1=0, dim2=1):
+    """out[..., i] = x[..., i, i + offset] with dims dim1, dim2 taken out and the diagonal appended last."""
+    n = len(x.shape)
+    dim1, dim2 = dim1 % n, dim2 % n
+    rest = [d for d in range(n) if d not in (dim1, dim2)]
+
+    def fn(idx):
+        src = [None] * n
+        for d, i in zip(rest, idx[:-1]):
+            src[d] = i
+        i = Ix.of(idx[-1])
+        src[dim1], src[dim2] = (i, i + offset) if offset >= 0 else (i + (-offset), i)
+        return x(src)
+    return view_node(L, fx, x, fn)
+
+
 @register("as_strided")
 def lower_as_strided(L, fx, x, size, stride, offset=None):
     """as_strided addresses its input's storage, not the input: an index rewrite only where brrr knows where
