@@ -261,3 +261,14 @@ def test_reductions_of_index_values_reduce_in_int64():
     u = torch.rand(3, 7)   # ...while an arg-reduction over floats compares the floats, not their integer parts
     torch._dynamo.reset()
     torch.testing.assert_close(compiled(lambda u: u.max(-1))(u), u.max(-1))
+
+
+@pytest.mark.parametrize("ord", [2, 1, float("inf"), float("-inf"), 0, 3, 0.5, -1])
+def test_vector_norms_of_every_order_run_in_kernels(ord):
+    x = torch.randn(6, 33)
+    x[0, :5] = 0
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        f = lambda x: torch.linalg.vector_norm(x, ord, dim=-1) + torch.linalg.vector_norm(x, ord, dim=0).sum()  # noqa: E731
+        torch._dynamo.reset()
+        torch.testing.assert_close(compiled(f)(x.to(dtype)), f(x.to(dtype)), rtol=tol, atol=tol)
+    assert not brrr.explain(f, x).fallbacks
