@@ -272,3 +272,16 @@ def test_vector_norms_of_every_order_run_in_kernels(ord):
         torch._dynamo.reset()
         torch.testing.assert_close(compiled(f)(x.to(dtype)), f(x.to(dtype)), rtol=tol, atol=tol)
     assert not brrr.explain(f, x).fallbacks
+
+
+def test_slice_select_diagonal_scatters_and_repeat_run_in_kernels():
+    x, s = torch.randn(7, 9), torch.randn(7, 3)
+    aten = torch.ops.aten
+    fs = [lambda x, s: aten.slice_scatter(x, s, 1, 1, 8, 3), lambda x, s: aten.slice_scatter(x, s, 1, -8, None, 3),
+          lambda x, s: aten.slice_scatter(x, x[:2] * 3, 0, 5, 100),
+          lambda x, s: aten.select_scatter(x, s[:, 1], 1, -2), lambda x, s: aten.diagonal_scatter(x, s[:6, 0], -1),
+          lambda x, s: aten.diagonal_scatter(x, s[:, 0], 2), lambda x, s: s.repeat(2, 1, 3) * 2]
+    for f in fs:
+        torch._dynamo.reset()
+        torch.testing.assert_close(compiled(f)(x, s), f(x, s))
+        assert not brrr.explain(f, x, s).fallbacks

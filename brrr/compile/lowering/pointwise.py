@@ -191,7 +191,7 @@ def lower_copy(L, fx, x, src=None, **kw):
 # ------------------------------------------------------------------------------------------ constants
 
 @register("full", "full_like", "zeros", "ones", "zeros_like", "ones_like", "scalar_tensor", "empty", "empty_like",
-          "new_zeros", "new_ones", "new_full", "new_empty", "empty_strided", "fill")
+          "new_zeros", "new_ones", "new_full", "new_empty", "empty_strided", "fill", "empty_permuted")
 def lower_full(L, fx, *args, **kw):
     m = meta(fx)
     name = op_name(fx.target)

@@ -293,6 +293,82 @@ def lower_flip(L, fx, x, dims):
     return pw(L, fx, fn)
 
 
+def _scatter_into(L, fx, x, src, inside, src_index):
+    """out = x where `inside(idx)` holds, else src at `src_index(idx)` (read only where inside holds)."""
+    out = meta(fx).dtype
+
+    def fn(idx):
+        cond = inside(idx)
+        new = masked(cond, lambda: cast(src(src_index(idx)), out))
+        return Op("where", [cond, new, cast(x(idx), out)], out)
+    return pw(L, fx, fn)
+
+
+def _all(conds):
+    cond = conds[0]
+    for c in conds[1:]:
+        cond = Op("and", [cond, c], torch.bool)
+    return cond
+
+
+@register("slice_scatter")
+def lower_slice_scatter(L, fx, x, src, dim=0, start=None, end=None, step=1):
+    """x with x[start:end:step] along `dim` replaced by src."""
+    dim %= len(x.shape)
+    size = x.shape[dim]
+    start = 0 if start is None else start + size if start < 0 else start
+    end = size if end is None else end + size if end < 0 else end
+    start, end = max(0, min(size, start)), max(0, min(size, end))
+    shift = (-start) % step          # i + shift = i - start (mod step), and both are >= 0 where it matters
+    first = (start + shift) // step
+
+    def inside(idx):
+        conds = [ge(idx[dim], start), lt(idx[dim], end)]
+        if step != 1:
+            conds.append(Op("eq", [IndexValue((Ix.of(idx[dim]) + shift) % step), Const(0, torch.int64)],
+                            torch.bool))
+        return _all(conds)
+
+    def src_index(idx):
+        sub = list(idx)
+        sub[dim] = (Ix.of(idx[dim]) + shift) // step + (-first) if step != 1 else Ix.of(idx[dim]) + (-start)
+        return sub
+    return _scatter_into(L, fx, x, src, inside, src_index)
+
+
+@register("select_scatter")
+def lower_select_scatter(L, fx, x, src, dim, index):
+    """x with x.select(dim, index) replaced by src."""
+    dim %= len(x.shape)
+    index = index + x.shape[dim] if index < 0 else index
+    return _scatter_into(L, fx, x, src, lambda idx: Op("eq", [IndexValue(idx[dim]), Const(index, torch.int64)],
+                                                              torch.bool),
+                         lambda idx: list(idx[:dim]) + list(idx[dim + 1:]))
+
+
+@register("diagonal_scatter")
+def lower_diagonal_scatter(L, fx, x, src, offset=0, dim1=0, dim2=1):
+    """x with x.diagonal(offset, dim1, dim2) replaced by src (its diagonal index last)."""
+    n = len(x.shape)
+    dim1, dim2 = dim1 % n, dim2 % n
+    rest = [d for d in range(n) if d not in (dim1, dim2)]
+
+    def inside(idx):
+        return Op("eq", [IndexValue(Ix.of(idx[dim2])), IndexValue(Ix.of(idx[dim1]) + offset)], torch.bool)
+
+    def src_index(idx):
+        return [idx[d] for d in rest] + [idx[dim1] if offset >= 0 else idx[dim2]]
+    return _scatter_into(L, fx, x, src, inside, src_index)
+
+
+@register("repeat")
+def lower_repeat(L, fx, x, repeats):
+    """out[..., j] = x[..., j % size]: x aligned with the trailing dims of the output."""
+    shape = tuple(meta(fx).shape)
+    lead = len(shape) - len(x.shape)
+    return pw(L, fx, lambda idx: x([Ix.of(i) % s for i, s in zip(idx[lead:], x.shape)]))
+
+
 @register("scatter")
 def lower_scatter(L, fx, x, dim, index, src, reduce=None):
     """scatter with one index per slice along `dim` (one-hot style: cross-entropy's backward, label smoothing)."""
