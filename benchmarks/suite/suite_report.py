@@ -34,7 +34,7 @@ def bench_table(configs, extra=None):
                      _num(row["warm_compile_s"], ".1f"),
                      "—" if row["peak_memory_bytes"] is None else f"{row['peak_memory_bytes'] / 2**20:.0f}",
                      _err(row, "error_vs_eager", "max_abs"), _err(row, "error_vs_eager", "max_rel"),
-                     _err(row, "error_vs_fp64", "norm_rel")]
+                     _err(row, "error_vs_reference", "norm_rel")]
             if extra:
                 cells += extra(row)
             lines.append("| " + " | ".join(cells) + " |")

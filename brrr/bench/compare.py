@@ -4,8 +4,9 @@
 - `Error`: max abs, max rel (max abs over the reference's largest magnitude) and ‖a − b‖ / ‖b‖ over all
   tensors compared; NaN or Inf where the reference is finite counts as an infinite error.
 - `verdict(...)`: fp32/fp64 pass when ‖a − b‖ / ‖b‖ <= 1e-4 against eager. Half types (bf16/fp16) are
-  judged against a float64 run of the same model: the backend's error may be at most 3x eager's own error
-  vs fp64 (floored at the dtype's epsilon, so an eager that happens to be near-exact doesn't fail everyone).
+  judged against a run of the same model in a higher precision (float64 by default; the zoo uses float32 for
+  models too large for it): the backend's error may be at most 3x eager's own error against that reference
+  (floored at the dtype's epsilon, so an eager that happens to be near-exact doesn't fail everyone).
 """
 
 import math
@@ -83,23 +84,23 @@ def error(actual, reference):
     return Error(max_abs, max_abs / max(ref_max, tiny), math.sqrt(diff_sq) / max(math.sqrt(ref_sq), tiny))
 
 
-def half_limit(eager_vs_fp64, dtype):
-    """The largest error vs fp64 a half-precision backend may show: 3x eager's own, floored at eps."""
-    return max(HALF_FACTOR * eager_vs_fp64, torch.finfo(dtype).eps)
+def half_limit(eager_vs_reference, dtype):
+    """The largest error vs the reference a half-precision backend may show: 3x eager's own, floored at eps."""
+    return max(HALF_FACTOR * eager_vs_reference, torch.finfo(dtype).eps)
 
 
-def verdict(dtype, vs_eager, vs_fp64=None, eager_vs_fp64=None):
+def verdict(dtype, vs_eager, vs_reference=None, eager_vs_reference=None, reference_name="fp64"):
     """None when the result is within tolerance, else a short 'WRONG: ...' reason."""
-    if dtype in HALF_TYPES and vs_fp64 is not None and eager_vs_fp64 is not None:
-        limit = half_limit(eager_vs_fp64.norm_rel, dtype)
-        if not vs_fp64.norm_rel <= limit:
-            return (f"WRONG: error vs fp64 {vs_fp64.norm_rel:.2e} > {limit:.2e} "
-                    f"(3x eager's {eager_vs_fp64.norm_rel:.2e})")
+    if dtype in HALF_TYPES and vs_reference is not None and eager_vs_reference is not None:
+        limit = half_limit(eager_vs_reference.norm_rel, dtype)
+        if not vs_reference.norm_rel <= limit:
+            return (f"WRONG: error vs {reference_name} {vs_reference.norm_rel:.2e} > {limit:.2e} "
+                    f"(3x eager's {eager_vs_reference.norm_rel:.2e})")
         return None
-    if dtype in HALF_TYPES:  # no fp64 reference could be made: judge against eager at a few ulps
+    if dtype in HALF_TYPES:  # no higher-precision reference could be made: judge against eager at a few ulps
         limit = 4 * torch.finfo(dtype).eps
         if not vs_eager.norm_rel <= limit:
-            return f"WRONG: error {vs_eager.norm_rel:.2e} > {limit:.1e} vs eager (no fp64 reference)"
+            return f"WRONG: error {vs_eager.norm_rel:.2e} > {limit:.1e} vs eager (no higher-precision reference)"
         return None
     if not vs_eager.norm_rel <= FP32_RTOL:
         return f"WRONG: error {vs_eager.norm_rel:.2e} > {FP32_RTOL:.0e} vs eager"

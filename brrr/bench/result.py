@@ -23,14 +23,19 @@ class BenchRow:
     warm_compile_s: float | None = None   # the same, again, with on-disk caches now warm
     peak_memory_bytes: int | None = None  # torch.cuda.max_memory_allocated during one call; None on CPU
     error_vs_eager: Error | None = None
-    error_vs_fp64: Error | None = None
+    error_vs_reference: Error | None = None   # half types: vs the higher-precision run (BenchResult.reference)
     timing_method: str | None = None
 
     def to_dict(self):
-        d = dict(self.__dict__)
-        for key in ("error_vs_eager", "error_vs_fp64"):
-            d[key] = d[key].to_dict() if d[key] is not None else None
-        return d
+        return with_errors_as_dicts(self)
+
+
+def with_errors_as_dicts(row):
+    """A row's fields as a dict, its Error fields as dicts too (JSON-ready)."""
+    d = dict(row.__dict__)
+    for key in ("error_vs_eager", "error_vs_reference"):
+        d[key] = d[key].to_dict() if d[key] is not None else None
+    return d
 
 
 @dataclass
@@ -42,13 +47,15 @@ class BenchResult:
     train: bool
     versions: dict
     notes: list = field(default_factory=list)
+    reference: str | None = None          # dtype of the higher-precision run half types are judged against
 
     def row(self, backend):
         return next(r for r in self.rows if r.backend == backend)
 
     def to_dict(self):
         return {"label": self.label, "device": self.device, "dtype": self.dtype, "train": self.train,
-                "versions": self.versions, "notes": self.notes, "rows": [r.to_dict() for r in self.rows]}
+                "versions": self.versions, "notes": self.notes, "reference": self.reference,
+                "rows": [r.to_dict() for r in self.rows]}
 
     def print(self, console):
         from rich.table import Table
@@ -58,10 +65,10 @@ class BenchResult:
                       caption="median ±half the p20–p80 range; compile = first call after a Dynamo reset, "
                               "cold / warm caches; err = max abs / max rel vs eager")
         headers = ("backend", "result", "median ms", "back-to-back ms", "graph ms", "speedup", "compile s",
-                   "peak MiB", "err vs eager", "err vs fp64")
+                   "peak MiB", "err vs eager", f"err vs {self.reference or 'ref'}")
         cells = [(r.backend, _status(r), _median(r), _ms(r.steady_s), _ms(r.graph_s), _x(r.speedup),
                   _compile(r.cold_compile_s, r.warm_compile_s), _mib(r.peak_memory_bytes),
-                  _errors(r.error_vs_eager), _err(r.error_vs_fp64, "norm_rel")) for r in self.rows]
+                  _errors(r.error_vs_eager), _err(r.error_vs_reference, "norm_rel")) for r in self.rows]
         keep = [i for i in range(len(headers)) if i < 2 or any(row[i] != "—" for row in cells)]  # drop empty columns
         for i in keep:
             if i < 2:

@@ -16,7 +16,7 @@ import torch
 from brrr.bench import compare
 from brrr.bench.backends import backend_name, fresh_compile, strict_dynamo
 from brrr.bench.result import BenchResult, BenchRow, dtype_name
-from brrr.bench.step import Step, make_cotangents, to_fp64
+from brrr.bench.step import Step, make_cotangents, to_dtype
 from brrr.bench.timing import time_graph, time_kernel, time_steady
 from brrr.cost.device import synchronize, time_once
 
@@ -33,11 +33,11 @@ def _infer_device(model, inputs):
     return torch.device("cpu")
 
 
-def _output_dtype(outputs):
-    for t in outputs:
-        if t.is_floating_point():
-            return t.dtype
-    return None
+def _judged_dtype(tensors):
+    """The precision the comparison is judged in: a half type if any output or gradient has one (a training
+    step's fp32 loss over bf16 gradients is a bf16 computation), else the first floating dtype."""
+    dtypes = [t.dtype for t in tensors if t.is_floating_point()]
+    return next((d for d in dtypes if d in compare.HALF_TYPES), dtypes[0] if dtypes else None)
 
 
 def _peak_memory(step, device):
@@ -77,28 +77,38 @@ def versions():
 
 
 class _Reference:
-    """Eager's outputs and gradients (and the float64 run's, for half types): what every backend must match."""
+    """Eager's outputs and gradients (and, for half types, a higher-precision run's): what every backend must
+    match."""
 
-    def __init__(self, outputs, grads, fp64=None, eager_vs_fp64=None):
-        self.outputs, self.grads, self.fp64, self.eager_vs_fp64 = outputs, grads, fp64, eager_vs_fp64
-        self.dtype = _output_dtype(outputs)
+    def __init__(self, outputs, grads, precise=None, eager_vs_precise=None, precise_name=None):
+        self.outputs, self.grads = outputs, grads
+        self.precise, self.eager_vs_precise, self.precise_name = precise, eager_vs_precise, precise_name
+        self.dtype = _judged_dtype(outputs + [g for g in grads if g is not None])
 
     def judge(self, outputs, grads):
-        """(error vs eager, error vs fp64 or None, None or 'WRONG: ...')."""
+        """(error vs eager, error vs the precise run or None, None or 'WRONG: ...')."""
         vs_eager = compare.error(outputs + grads, self.outputs + self.grads)
-        vs_fp64 = compare.error(outputs + grads, self.fp64) if self.fp64 is not None else None
-        return vs_eager, vs_fp64, compare.verdict(self.dtype, vs_eager, vs_fp64, self.eager_vs_fp64)
+        vs_precise = compare.error(outputs + grads, self.precise) if self.precise is not None else None
+        return vs_eager, vs_precise, compare.verdict(self.dtype, vs_eager, vs_precise, self.eager_vs_precise,
+                                                     self.precise_name)
 
 
-def _fp64_run(model, inputs, train, cotangents, device):
-    model64, inputs64, cotangents64 = to_fp64(model, inputs, cotangents)
-    outputs, grads = Step(model64, model64, [inputs64], train, cotangents64).run_on_first_inputs()
-    del model64
+def _precise_run(model, inputs, train, cotangents, dtype, reference):
+    """Outputs and gradients of the same model in `dtype`: a cast copy, or `reference(dtype)`'s model and
+    inputs for models a cast cannot copy (state outside parameters and buffers, such as a KV cache)."""
+    if reference is not None:
+        copied, copied_inputs = reference(dtype)
+        cotangents = [c.to(dtype) for c in cotangents] if cotangents is not None else None
+    else:
+        copied, copied_inputs, cotangents = to_dtype(model, inputs, cotangents, dtype)
+    outputs, grads = Step(copied, copied, [copied_inputs], train, cotangents).run_on_first_inputs()
+    del copied
     return outputs + grads
 
 
 def bench(model, *inputs, backends=DEFAULT_BACKENDS, train=False, progress=False, device=None, warmup=25,
-          rep=100, input_sets=None, label=None, compile_warm=True, fp64_reference=True, graph_timing=False):
+          rep=100, input_sets=None, label=None, compile_warm=True, reference_dtype=torch.float64, reference=None,
+          graph_timing=False):
     """Time and check `model(*inputs)` under each backend. Returns a BenchResult.
 
     backends: torch.compile backend names or callables; "eager" means no compile (always run, first).
@@ -106,7 +116,8 @@ def bench(model, *inputs, backends=DEFAULT_BACKENDS, train=False, progress=False
     input_sets: optional further input tuples; timing rotates through `inputs` and these (so that the
         working set exceeds the caches); correctness is checked on `inputs`.
     compile_warm: also measure the warm compile (a second compile after a Dynamo reset).
-    fp64_reference: for bf16/fp16 results, judge against a float64 copy of the model.
+    reference_dtype: for bf16/fp16 results, judge against a copy of the model in this dtype (None: against
+        eager only). `reference(dtype) -> (model, inputs)` builds that copy where casting cannot.
     graph_timing: on CUDA, also time calls replayed from a CUDA graph (device time without host overhead).
     """
     device = torch.device(device) if device is not None else _infer_device(model, inputs)
@@ -128,23 +139,23 @@ def bench(model, *inputs, backends=DEFAULT_BACKENDS, train=False, progress=False
 
     from rich.progress import Progress
 
-    reference = None
+    eager_ref = None
     with strict_dynamo(), Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("bench", total=len(backends))
         for backend, name in zip(backends, names):
             bar.update(task, description=f"{label}: {name}")
             row = BenchRow(backend=name)
             try:
-                if reference is None:
-                    reference = _eager_reference(model, input_sets[0], train, device, fp64_reference)
-                    result.dtype = dtype_name(reference.dtype)
-                    if reference.eager_vs_fp64 is not None:
-                        row.error_vs_fp64 = reference.eager_vs_fp64
-                _run_backend(row, model, input_sets, train, device, backend, reference, warmup, rep,
+                if eager_ref is None:
+                    eager_ref = _eager_reference(model, input_sets[0], train, reference_dtype, reference)
+                    result.dtype = dtype_name(eager_ref.dtype)
+                    result.reference = eager_ref.precise_name
+                    row.error_vs_reference = eager_ref.eager_vs_precise
+                _run_backend(row, model, input_sets, train, device, backend, eager_ref, warmup, rep,
                              compile_warm, graph_timing)
             except Exception as exc:
                 row.status, row.reason = "failed", _reason(exc)
-                if reference is None:  # eager itself failed: nothing to compare against
+                if eager_ref is None:  # eager itself failed: nothing to compare against
                     result.rows.append(row)
                     break
             result.rows.append(row)
@@ -157,17 +168,18 @@ def bench(model, *inputs, backends=DEFAULT_BACKENDS, train=False, progress=False
     return result
 
 
-def _eager_reference(model, inputs, train, device, fp64_reference):
+def _eager_reference(model, inputs, train, reference_dtype, reference):
     cotangents = None
     if train:
         cotangents = make_cotangents(model(*inputs))
     outputs, grads = Step(model, model, [inputs], train, cotangents).run_on_first_inputs()
-    reference = _Reference(outputs, grads)
-    reference.cotangents = cotangents
-    if fp64_reference and reference.dtype in compare.HALF_TYPES:
-        reference.fp64 = _fp64_run(model, inputs, train, cotangents, device)
-        reference.eager_vs_fp64 = compare.error(outputs + grads, reference.fp64)
-    return reference
+    eager_ref = _Reference(outputs, grads)
+    eager_ref.cotangents = cotangents
+    if reference_dtype is not None and eager_ref.dtype in compare.HALF_TYPES:
+        eager_ref.precise = _precise_run(model, inputs, train, cotangents, reference_dtype, reference)
+        eager_ref.eager_vs_precise = compare.error(outputs + grads, eager_ref.precise)
+        eager_ref.precise_name = dtype_name(reference_dtype)
+    return eager_ref
 
 
 def _run_backend(row, model, input_sets, train, device, backend, reference, warmup, rep, compile_warm,
@@ -183,7 +195,7 @@ def _run_backend(row, model, input_sets, train, device, backend, reference, warm
             step = make()
             row.warm_compile_s = time_once(step, device)
         outputs, grads = step.run_on_first_inputs()
-        row.error_vs_eager, row.error_vs_fp64, wrong = reference.judge(outputs, grads)
+        row.error_vs_eager, row.error_vs_reference, wrong = reference.judge(outputs, grads)
         if wrong:
             row.status, row.reason = "wrong", wrong
     timing = time_kernel(step, device, warmup=warmup, rep=rep)

@@ -62,13 +62,13 @@ class Step:
         return outputs, grads
 
 
-def to_fp64(model, inputs, cotangents):
-    """A float64 copy of the model, inputs and cotangents (integer tensors are left alone)."""
+def to_dtype(model, inputs, cotangents, dtype=torch.float64):
+    """A copy of the model, inputs and cotangents in floating dtype `dtype` (integer tensors are left alone)."""
     def cast(x):
         if isinstance(x, torch.Tensor) and x.is_floating_point():
-            return x.detach().to(torch.float64).requires_grad_(x.requires_grad)
+            return x.detach().to(dtype).requires_grad_(x.requires_grad)
         return x
 
-    model64 = copy.deepcopy(model).to(torch.float64) if isinstance(model, torch.nn.Module) else model
-    cotangents64 = [c.to(torch.float64) for c in cotangents] if cotangents is not None else None
-    return model64, tuple(cast(x) for x in inputs), cotangents64
+    copied = copy.deepcopy(model).to(dtype) if isinstance(model, torch.nn.Module) else model
+    cotangents = [c.to(dtype) for c in cotangents] if cotangents is not None else None
+    return copied, tuple(cast(x) for x in inputs), cotangents

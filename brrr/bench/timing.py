@@ -55,11 +55,19 @@ def _do_bench_ms(fn, warmup, rep):
     return [float(v) for v in result]
 
 
-def time_kernel(fn, device, warmup=25, rep=100, min_calls=5, max_calls=10_000):
-    """Median time of one call of `fn` (seconds) with its p20/p80 spread."""
+def time_kernel(fn, device, warmup=25, rep=100, min_calls=5, max_calls=10_000, max_rep=3000):
+    """Median time of one call of `fn` (seconds) with its p20/p80 spread, over at least `min_calls` calls
+    (on CUDA `rep` grows to fit them, up to `max_rep` ms: do_bench alone times rep / (one call) calls, which
+    for a 50 ms training step and rep=100 is a median of two)."""
     device = torch.device(device)
     if device.type == "cuda":
         with torch.cuda.device(device):
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            one_call_ms = (time.perf_counter() - start) * 1e3
+            rep = max(rep, min(max_rep, 1.2 * min_calls * one_call_ms))
             median, p20, p80 = _do_bench_ms(fn, warmup, rep)
         return Timing(median / 1e3, p20 / 1e3, p80 / 1e3, calls=-1, method="triton.testing.do_bench")
     fn()

@@ -5,17 +5,21 @@
 
 Dynamo hands us an FX graph; `aot_autograd` with brrr's decomposition table turns it into core-ATen forward and
 backward graphs, split by the min-cut rematerialization partitioner; each graph then goes through
-`compile_graph`. When kernels cannot run (CPU without TRITON_INTERPRET=1, symbolic shapes, a failure inside
-brrr) the graph runs as ATen - its own FX module - with one warning, so the answer is never wrong.
+`compile_graph`. What brrr cannot compile falls back at the smallest scope (fallbacks.py): one op, one
+kernel's ops, or the whole graph, which then runs as Dynamo captured it (CPU without TRITON_INTERPRET=1,
+symbolic shapes, planning failures): eager's ops at eager's speed, with one warning, never a wrong answer.
 """
 
+import contextlib
 import functools
 import os
+import sys
 
 import torch
 
 from brrr.compile.attention_mask import contiguous_attention_masks
-from brrr.compile.runtime import recover, warn_once
+from brrr.compile import fallbacks
+from brrr.compile.fallbacks import MAX_REPLANS, GraphFallback, KernelFailed, debugging, recover, warn_once
 
 aten = torch.ops.aten
 
@@ -43,87 +47,157 @@ def decomposition_table():
     return {op: fn for op, fn in table.items() if "scaled_dot_product" not in str(op)}
 
 
-def _static(gm):
-    """True when every value in the graph has concrete sizes."""
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        for v in (val if isinstance(val, (tuple, list)) else [val]):
-            if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-                return False
-            if isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt)
-                                                   for s in list(v.shape) + list(v.stride())):
-                return False
-    return True
+def _symbolic(value):
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    return isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt)
+                                                   for s in list(value.shape) + list(value.stride()))
 
 
-def _devices(gm):
-    out = set()
+def _values(gm):
     for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        for v in (val if isinstance(val, (tuple, list)) else [val]):
-            if isinstance(v, torch.Tensor):
-                out.add(v.device.type)
-    return out
+        val = node.meta.get("val", node.meta.get("example_value"))
+        yield from (val if isinstance(val, (tuple, list)) else [val])
+
+
+def _static(gm, example_inputs=()):
+    """True when every value in the graph (and every example input) has concrete sizes."""
+    return not any(_symbolic(v) for v in list(_values(gm)) + list(example_inputs))
+
+
+def _devices(gm, example_inputs=()):
+    return {v.device.type for v in list(_values(gm)) + list(example_inputs) if isinstance(v, torch.Tensor)}
+
+
+def graph_refusal(gm, example_inputs=(), planning_only=False):
+    """Why brrr's kernels cannot run this graph here (None when they can). `planning_only` (explain) asks only
+    whether it can be planned: a CPU graph without TRITON_INTERPRET=1 can, though its kernels cannot run."""
+    if not _static(gm, example_inputs):
+        return "dynamic shapes: the graph runs as captured (mark inputs static to fuse)"
+    if planning_only:
+        return None
+    devices = _devices(gm, example_inputs)
+    if "cuda" in devices and torch.cuda.is_available() and devices <= {"cuda", "cpu"}:
+        return None
+    if devices <= {"cpu"}:
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return None
+        return "no GPU: graphs run as captured on CPU (set TRITON_INTERPRET=1 to run brrr's kernels)"
+    return f"devices {sorted(devices)}: no brrr kernels for them, the graph runs as captured"
 
 
 def can_run_kernels(gm):
     """(ok, reason) - whether generated Triton kernels can run for this graph here."""
-    devices = _devices(gm)
-    if not _static(gm):
-        return False, "dynamic shapes: this graph runs as ATen (mark inputs static to fuse)"
-    if "cuda" in devices and torch.cuda.is_available() and devices <= {"cuda", "cpu"}:
-        return True, ""
-    if devices <= {"cpu"}:
-        if os.environ.get("TRITON_INTERPRET") == "1":
-            return True, ""
-        return False, "no GPU: running graphs as ATen on CPU (set TRITON_INTERPRET=1 to run brrr's kernels)"
-    return False, f"devices {sorted(devices)} not supported: running as ATen"
+    reason = graph_refusal(gm)
+    return reason is None, reason or ""
 
 
-def plan_graph(gm):
-    """FX graph -> scheduled Plan (no kernels run, nothing compiled)."""
+def plan_graph(gm, forced=None):
+    """FX graph -> scheduled Plan (no kernels run, nothing compiled); `forced` FX nodes run as ATen calls."""
     from brrr.compile.lower import lower
     from brrr.compile.schedule import schedule
-    return schedule(lower(gm))
+    # a node's value inlines its chain of pointwise producers, one Python call per link: a backward graph's
+    # gradient sums chain hundreds (Inductor raises the limit for the same reason)
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
+    return schedule(lower(gm, forced))
 
 
 def compile_graph(gm, example_inputs, cuda_graphs=False, sink=None, graph_kind="forward"):
-    """One core-ATen graph -> a callable. `sink(kind, gm, plan, kernels)` observes the plan (explain)."""
+    """One core-ATen graph -> a callable. `sink` (explain) observes each plan instead of building it.
+
+    A kernel that fails to generate or compile (and, later, on its first launch) gets the graph re-planned
+    with its ops as ATen calls, up to MAX_REPLANS times; anything else that stops the graph from compiling
+    raises GraphFallback, and the backend runs Dynamo's own graph instead."""
     from torch._functorch.aot_autograd import make_boxed_func
-    ok, reason = can_run_kernels(gm)
-    if sink is None and not ok:
-        warn_once(reason)
-        return make_boxed_func(gm)
-    try:
-        plan = plan_graph(gm)
+
+    from brrr.compile.runtime import build, generate_all
+
+    reason = graph_refusal(gm, planning_only=sink is not None)
+    if reason:
+        raise GraphFallback(reason)
+    forced, replans = {}, []
+
+    def attempt():
+        try:
+            plan = plan_graph(gm, forced)
+        except Exception as e:
+            if debugging():
+                raise
+            raise GraphFallback(f"planning failed ({type(e).__name__}: {str(e)[:200]})") from e
         if sink is not None:
-            from brrr.compile.runtime import generate_all
-            sink(graph_kind, gm, plan, generate_all(plan))
+            sink.planned(graph_kind, gm, plan, generate_all(plan))
             return make_boxed_func(gm)
-        from brrr.compile.runtime import build
-        if any(n is not None and n.kind == "buffer" and n.producer == "fallback" for n in plan.lowering.nodes):
-            for fx, why in plan.lowering.fallbacks:
+        for fx, why, scope in plan.lowering.fallbacks:
+            if scope == "op":
                 warn_once(f"aten.{getattr(fx.target, '__name__', fx.target)} runs as ATen: {why}")
-        compiled, _ = build(plan, gm, cuda_graphs=cuda_graphs and "cuda" in _devices(gm))
+        compiled, _ = build(plan, gm, cuda_graphs=cuda_graphs and "cuda" in _devices(gm), kind=graph_kind)
+        compiled.replan = replan
         return compiled
-    except Exception as e:
-        recover(e, "compiling a graph failed", "running it as ATen")
-        return make_boxed_func(gm)
+
+    def replan(failure):
+        """Add `failure`'s ops to the forced ones and compile again; None when no re-plan is left or it
+        would force nothing new."""
+        new = {fx: str(failure) for fx in failure.fx_nodes if fx not in forced}
+        if not new or len(replans) >= MAX_REPLANS:
+            return None
+        replans.append(failure)
+        forced.update(new)
+        fallbacks.log("kernel", graph_kind, failure.name, str(failure))
+        warn_once(f"{failure}; its {len(new)} op(s) run as ATen, the rest of the graph stays compiled")
+        try:
+            return attempt()
+        except KernelFailed as again:
+            return replan(again)
+
+    try:
+        return attempt()
+    except KernelFailed as failure:
+        if debugging():
+            raise
+        compiled = replan(failure)
+        if compiled is None:
+            raise GraphFallback(f"{failure}, and re-planning without it did not help") from failure
+        return compiled
+
+
+def _dynamo_graph_fallback(reason, eager_forward, sink):
+    """Dynamo's graph as captured: no decomposition, no AOTAutograd, eager's own ops at eager's speed."""
+    fallbacks.log("graph", "dynamo", "graph", reason)
+    if sink is not None:
+        sink.fell_back("dynamo", reason)
+    else:
+        warn_once(reason)
+    return eager_forward
 
 
 def brrr_backend(gm, example_inputs, cuda_graphs=False, _sink=None, **options):
     """The Dynamo backend: AOTAutograd (core-ATen decompositions, min-cut partitioner) around compile_graph;
-    plain graphs then run from brrr's lean runtime instead of AOTAutograd's wrappers (lean_autograd.py)."""
+    plain graphs then run from brrr's lean runtime instead of AOTAutograd's wrappers (lean_autograd.py).
+    A graph brrr cannot compile (GraphFallback) runs as Dynamo captured it: `gm.forward`, taken before any
+    pass here changes the graph."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     from brrr.compile.lean_autograd import GraphCapture, lean_backward_patch
 
+    eager_forward = gm.forward   # bound now: the passes below recompile gm, this keeps the captured code
+    reason = graph_refusal(gm, example_inputs, planning_only=_sink is not None)
+    if reason:
+        return _dynamo_graph_fallback(reason, eager_forward, _sink)
     capture = GraphCapture()
+    compiling = [True]   # a backward compiled lazily, after the backend returned, cannot fall back to Dynamo
 
     def compiler(kind):
         def compile_kind(g, inputs):
-            compiled = compile_graph(g, inputs, cuda_graphs=cuda_graphs, sink=_sink, graph_kind=kind)
+            try:
+                compiled = compile_graph(g, inputs, cuda_graphs=cuda_graphs, sink=_sink, graph_kind=kind)
+            except GraphFallback as e:
+                if compiling[0]:
+                    raise
+                fallbacks.log("graph", kind, "graph", str(e))
+                warn_once(f"{e}; this {kind} graph runs as ATen")
+                from torch._functorch.aot_autograd import make_boxed_func
+                compiled = make_boxed_func(g)
             capture.saw(kind, g, compiled)
             return compiled
         return compile_kind
@@ -137,12 +211,19 @@ def brrr_backend(gm, example_inputs, cuda_graphs=False, _sink=None, **options):
         contiguous_attention_masks(gm)
     except Exception as e:   # an optimization only: the graph stays as Dynamo gave it
         recover(e, "attention mask pass failed", "graph left as is")
-    # BRRR_AOT_RUNTIME=1 keeps AOTAutograd's runtime for every graph (to compare the two)
-    patch = lean_backward_patch() if _sink is None and os.environ.get("BRRR_AOT_RUNTIME") != "1" else None
-    if patch is None:
-        return backend(gm, example_inputs)
-    with patch:
-        compiled = backend(gm, example_inputs)
+    # the backward compiles with the forward, so its failures fall back here too; BRRR_AOT_RUNTIME=1 keeps
+    # AOTAutograd's runtime for every graph (to compare the two)
+    patch = lean_backward_patch()
+    lean = _sink is None and os.environ.get("BRRR_AOT_RUNTIME") != "1"
+    try:
+        with patch or contextlib.nullcontext():
+            compiled = backend(gm, example_inputs)
+    except GraphFallback as e:
+        return _dynamo_graph_fallback(str(e), eager_forward, _sink)
+    finally:
+        compiling[0] = False
+    if not lean or patch is None:
+        return compiled
     try:
         return capture.lean_callable(example_inputs) or compiled
     except Exception as e:

@@ -34,6 +34,7 @@ class OpInfo:
     shapes: str
     bytes: int
     reason: str = ""
+    scope: str = "op"          # fallbacks: "op" (no lowering), "kernel" (its kernel failed), "graph"
 
 
 @dataclass
@@ -46,6 +47,16 @@ class Explanation:
     bytes_fused: int = 0
     graphs: list = field(default_factory=list)       # graph kinds captured
     notes: list = field(default_factory=list)
+    seen: list = field(default_factory=list)         # fallbacks.Fallback of kernel/graph scope while compiling
+
+    def planned(self, kind, gm, plan, kernels):
+        """compile_graph's sink: one planned graph."""
+        record(self, kind, gm, plan, kernels)
+
+    def fell_back(self, kind, reason):
+        """compile_graph's sink: a graph brrr runs as Dynamo captured it."""
+        self.graphs.append(kind)
+        self.fallbacks.append(OpInfo("whole graph", kind, "", 0, reason, scope="graph"))
 
     @property
     def saving(self):
@@ -68,9 +79,14 @@ class Explanation:
             for e in self.externs:
                 lines.append(f"  [{e.graph}] {e.op}({e.shapes}) {_fmt(e.bytes)}")
         if self.fallbacks:
-            lines.append("fallbacks (run as ATen, not fused):")
+            lines.append("fallbacks (run as ATen, not fused), by scope:")
             for f in self.fallbacks:
-                lines.append(f"  [{f.graph}] {f.op}({f.shapes}): {f.reason}")
+                shapes = f"({f.shapes})" if f.scope != "graph" else ""
+                lines.append(f"  [{f.graph}] {f.scope}: {f.op}{shapes}: {f.reason}")
+        if self.seen:
+            lines.append("fallbacks while compiling in this process (kernel and graph scope):")
+            for f in self.seen:
+                lines.append(f"  [{f.graph}] {f.scope}: {f.what}: {f.reason}")
         if self.refusals:
             lines.append("not fused, and why:")
             for g, what, why in self.refusals:
@@ -146,23 +162,24 @@ def record(ex, kind, gm, plan, kernels):
             fx = step.fx
             b = _fx_cost(fx)
             name = f"aten.{getattr(fx.target, '__name__', fx.target)}"
-            info = OpInfo(name, kind, _shapes(fx), b, step.reason)
+            info = OpInfo(name, kind, _shapes(fx), b, step.reason, scope=step.meta.get("scope", "op"))
             (ex.externs if step.producer == "extern" else ex.fallbacks).append(info)
             ex.bytes_fused += b
     for node, why in plan.refusals:
         ex.refusals.append((kind, _node_desc(node), why.replace(" kernel ", f" {kind}.")))
 
 
-def explain(fn_or_model, *inputs, train=False, **options):
-    """Plan (never run kernels) what brrr does with `fn_or_model(*inputs)`; returns an Explanation."""
+def explain(fn_or_model, *inputs, train=False, dynamic=False):
+    """Plan (never run kernels) what brrr does with `fn_or_model(*inputs)`; returns an Explanation.
+    `dynamic` is torch.compile's: True plans the graph Dynamo captures with symbolic sizes."""
     from brrr.compile.backend import make_backend
+    from brrr.compile import fallbacks
+
     ex = Explanation()
-
-    def sink(kind, gm, plan, kernels):
-        record(ex, kind, gm, plan, kernels)
-
-    backend = make_backend(_sink=sink)
-    compiled = torch.compile(fn_or_model, backend=backend, dynamic=False)
+    logged = len(fallbacks.LOG)
+    ex.seen = list(fallbacks.LOG)
+    backend = make_backend(_sink=ex)
+    compiled = torch.compile(fn_or_model, backend=backend, dynamic=dynamic)
     with torch.set_grad_enabled(train):
         out = compiled(*inputs)
         if train:
@@ -171,6 +188,7 @@ def explain(fn_or_model, *inputs, train=False, **options):
                 ex.notes.append("train=True but no output requires grad: forward only")
             else:
                 torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    del fallbacks.LOG[logged:]   # explain's own planning is not a compile: keep it out of the process log
     if not ex.graphs:
         ex.notes.append("Dynamo produced no graph (nothing to compile, or this function was compiled before)")
     return ex

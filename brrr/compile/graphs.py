@@ -126,7 +126,7 @@ class GraphedCall:
             self.graph = graph
             return True
         except Exception as e:
-            from brrr.compile.runtime import warn_once   # runtime imports this module
+            from brrr.compile.fallbacks import warn_once
 
             warn_once(f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:120]}); launching kernels directly")
             self.failed = True

@@ -222,14 +222,15 @@ def linear(idx, strides, offset=0):
     return out
 
 
-def unflatten(flat, shape):
-    """Per-dim indices of a flat (row-major) index into `shape`."""
-    idx, strides = [], contiguous_strides(shape)
-    for d, (size, st) in enumerate(zip(shape, strides)):
-        if size == 1:
-            idx.append(Ix())
-        elif d == 0:
-            idx.append(flat // st)
-        else:
-            idx.append((flat // st) % size)
+def unflatten(flat, shape, order=None):
+    """Per-dim indices of a flat index into `shape`, numbered over `order` (dims innermost first; default
+    row-major, the last dim innermost). The outermost dim of size > 1 needs no modulo: the flat index is in range."""
+    order = tuple(reversed(range(len(shape)))) if order is None else order
+    idx, stride = [Ix()] * len(shape), 1
+    outermost = next((d for d in reversed(order) if shape[d] != 1), None)
+    for d in order:
+        size = shape[d]
+        if size != 1:
+            idx[d] = flat // stride if d == outermost else (flat // stride) % size
+        stride *= max(size, 1)
     return idx

@@ -25,6 +25,8 @@ import os
 
 import torch
 
+from brrr.compile.fallbacks import KernelFailed
+
 _PLAIN = (int, float, bool, type(None))
 
 
@@ -85,24 +87,30 @@ def static_kernel(kernel, n_args, device):
 
 
 def _cubin_file(kernel):
-    """The kernel's cubin on disk (the static launcher loads it from a path), next to brrr's kernel cache."""
-    from brrr.compile.runtime import cache_dir
+    """The kernel's cubin on disk (the static launcher loads it from a path), next to brrr's kernel cache. As
+    with kernel sources, a file is trusted only when it holds the kernel's bytes (else rewritten: truncated,
+    corrupt)."""
+    from brrr.compile.runtime import cache_dir, write_atomic
 
+    cubin = kernel.asm["cubin"]
     path = os.path.join(cache_dir(), "cubin", f"{kernel.hash}.cubin")
-    if not os.path.exists(path):
+    try:
+        with open(path, "rb") as f:
+            whole = f.read() == cubin
+    except OSError:
+        whole = False
+    if not whole:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        os.replace(tmp, path)
+        write_atomic(path, cubin)
     return path
 
 
 class Launcher:
     """`launcher(*args)` == `jit_fn[grid](*args, **meta)`, without the JIT's per-call work once it has run."""
 
-    def __init__(self, jit_fn, grid, meta):
+    def __init__(self, jit_fn, grid, meta, name="kernel", fx_nodes=()):
         self.jit_fn, self.grid, self.meta = jit_fn, tuple(grid), dict(meta)
+        self.name, self.fx_nodes = name, fx_nodes   # what a failed JIT launch reports (fallbacks.KernelFailed)
         self.grid3 = (self.grid + (1, 1))[:3]
         self.fast = None   # (run, function, packed_metadata, device index, tail args, enter, exit)
         self.static = None  # (C launch, static kernel, arg types, extra args) when torch's launcher takes it
@@ -123,7 +131,12 @@ class Launcher:
             # no launch metadata and no hooks: _fits saw both hook chains empty
             run(g0, g1, g2, _current_stream(device), function, packed, None, None, None, *args, *tail)
             return None
-        kernel = self.jit_fn[self.grid](*args, **self.meta)
+        try:
+            kernel = self.jit_fn[self.grid](*args, **self.meta)
+        except Exception as e:   # compiling or launching failed: the graph can re-plan without this kernel
+            if isinstance(e, torch.OutOfMemoryError):
+                raise
+            raise KernelFailed(self.name, "launch", e, self.fx_nodes) from e
         if fast is None and self.fast is None:
             self._prepare(kernel, args)
         return kernel

@@ -9,7 +9,8 @@ import operator
 
 import torch
 
-from brrr.compile import ir, mathops
+from brrr.compile import ir, layout, mathops
+from brrr.compile.codegen.triton import COLUMN_PERSISTENT_MAX, COLUMN_XBLOCK, PERSISTENT_MAX
 from brrr.compile.indexing import Ix, Term, unflatten
 from brrr.compile.ir import Const, IndexValue, Op
 
@@ -159,6 +160,12 @@ def norm_dims(dims, ndim):
     return tuple(sorted(d % max(ndim, 1) for d in dims))
 
 
+def device_of(x):
+    """The device of node x's tensor: its own note (a helper node's), else its FakeTensor's."""
+    device = x.meta.get("device")
+    return device if device is not None else fake(x).device
+
+
 def make_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body=None, acc_dtype=None):
     src_shape = tuple(x.shape)
     if any(src_shape[d] == 0 for d in dims) and rtype in ("max", "min", "argmax", "argmin"):
@@ -180,30 +187,75 @@ def make_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body=None, acc_d
                             fx=fx, ops=(op_name(fx.target),) if fx is not None else ())
         node.meta["acc_dtype"] = out_dtype
         node.meta["fake"] = torch.empty(out_shape, dtype=out_dtype, device="meta")
-        node.meta["device"] = fake(x).device
+        node.meta["device"] = device_of(x)
         return node
-    kept = tuple(s for d, s in enumerate(src_shape) if d not in dims)
-    xnumel = 1
-    for s in kept:
-        xnumel *= s
-    if not rtype.startswith("arg"):
-        if SPLIT_MIN_R <= rsize and xnumel <= SPLIT_MAX_X:
-            return split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype, kept, rsize)
-        column = (len(src_shape) - 1) not in dims and src_shape[-1] > 1
-        if column and rsize >= 1024 and xnumel * rsize >= (1 << 20):
-            return split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype, kept, rsize,
-                                   column=True)
+    split = None if rtype.startswith("arg") else reduction_split(x, dims)
+    if split is not None:
+        return split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype, column=split == "column")
     node = ir.reduction(L.fresh("red"), out_shape, out_dtype, body, src_shape, dims, rtype, fx=fx,
                         ops=(op_name(fx.target),) if fx is not None else ())
     node.meta["acc_dtype"] = acc_dtype
     node.meta["fake"] = torch.empty(out_shape, dtype=out_dtype, device="meta")
-    node.meta["device"] = fake(x).device
+    node.meta["device"] = device_of(x)
     L.add(node)
     return node
 
 
 SPLIT_MIN_R = 32768    # a few rows this long would leave most of a GPU idle: reduce them in two kernels
 SPLIT_MAX_X = 32
+SPLIT_COLUMN_MIN_R = 1024      # columns this long, over a tensor of at least SPLIT_COLUMN_MIN_NUMEL, split
+SPLIT_COLUMN_MIN_NUMEL = 1 << 20
+SPLIT_COLUMN_PROGRAMS = 1024   # the split aims at this many [columns, chunk] programs: many per SM
+
+
+def memory_order(x):
+    """x's dims innermost first in the memory a kernel reads for it: the largest tensor its value loads (x
+    itself when it is a buffer; through a `.contiguous()` brrr never makes, the tensor before it), else eager's
+    strides of x, else row-major."""
+    if "memory_order" in x.meta:   # several reductions of one x ask (var: the sum, the squares)
+        return x.meta["memory_order"]
+    shape = tuple(x.shape)
+    order = layout.largest_input_order(x(layout.dim_vars(shape)), shape)
+    f = x.meta.get("fake")
+    if order is None and isinstance(f, torch.Tensor) and tuple(f.shape) == shape:
+        order = layout.order_of(tuple(f.stride()), shape)
+    x.meta["memory_order"] = order or layout.row_major(len(shape))
+    return x.meta["memory_order"]
+
+
+def is_column(x, dims):
+    """A column reduction: x's innermost dim in memory is kept (channels_last statistics over N, H, W)."""
+    inner = layout.innermost(tuple(x.shape), memory_order(x))
+    return inner is not None and inner not in dims
+
+
+def reduction_split(x, dims):
+    """'row' or 'column' when reducing x over `dims` in one kernel would leave the GPU idle, else None:
+    a few long rows (a row's program loops alone), or long columns over few kept elements (a column
+    reduction's program covers COLUMN_XBLOCK columns, so 256 channels would be 4 programs)."""
+    shape = tuple(x.shape)
+    rsize = xnumel = 1
+    for d, s in enumerate(shape):
+        if d in dims:
+            rsize *= s
+        else:
+            xnumel *= s
+    if is_column(x, dims):
+        if rsize >= SPLIT_COLUMN_MIN_R and xnumel * rsize >= SPLIT_COLUMN_MIN_NUMEL:
+            return "column"
+        return None
+    return "row" if SPLIT_MIN_R <= rsize and xnumel <= SPLIT_MAX_X else None
+
+
+def reads_in_one_tile(x, dims):
+    """Whether codegen holds each row of this reduction in registers at once (a persistent reduction): then a
+    second reduction over the same row (variance around the mean) reads registers, not memory again."""
+    rsize = 1
+    for d in dims:
+        rsize *= x.shape[d]
+    if reduction_split(x, dims) is not None:
+        return False
+    return rsize <= (COLUMN_PERSISTENT_MAX if is_column(x, dims) else PERSISTENT_MAX)
 
 
 def identity(rtype, dtype):
@@ -219,39 +271,66 @@ def identity(rtype, dtype):
     return Const(info.min if rtype == "max" else info.max, dtype)
 
 
-def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype, kept, rsize, column=False):
-    """reduce `rsize` elements per row as C chunks of B (one kernel, X*C programs), then the C partials.
-    Few long rows: partial space (X, C, B) reducing B. Columns (the innermost dim is kept, e.g. bias grads):
-    (C, B, X) reducing B, so consecutive x stay contiguous in memory and X*C/XBLOCK programs share the work."""
+def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype, column=False):
+    """Reduce each row's R elements as C chunks of B (one kernel), then the C partials (a second kernel). The
+    kept elements are numbered X in x's memory order, and so are the reduced ones, so both kernels read
+    memory in order. Few long rows: partial space (X, C, B) reducing B. Columns (the innermost dim in memory is
+    kept, e.g. bias grads, channels_last statistics): (C, B, X) reducing B, so consecutive x stay contiguous
+    and X * C / COLUMN_XBLOCK programs share the work."""
     src_shape = tuple(x.shape)
-    xnumel = 1
-    for s in kept:
+    order = memory_order(x)
+    kept_dims = [d for d in order if d not in dims]       # innermost first
+    reduced_dims = [d for d in order if d in dims]
+    kept_sizes, reduced_sizes = [src_shape[d] for d in kept_dims], [src_shape[d] for d in reduced_dims]
+    xnumel = rsize = 1
+    for s in kept_sizes:
         xnumel *= s
+    for s in reduced_sizes:
+        rsize *= s
     chunks = max(2, min((rsize + 1023) // 1024, max(1, 2048 // max(xnumel, 1))))
     if column:
-        chunks = min(64, max(2, rsize // 256))
+        wanted = -(-SPLIT_COLUMN_PROGRAMS * COLUMN_XBLOCK // max(xnumel, 1))
+        chunks = max(2, min(wanted, rsize // 256))
     block = (rsize + chunks - 1) // chunks
-    reduced = tuple(src_shape[d] for d in dims)
 
     def partial_body(idx):
         c, b, xi = idx if column else (idx[1], idx[2], idx[0])
         r = Ix.of(c) * block + b
         cond = Op("lt", [IndexValue(r), Const(rsize, torch.int64)], torch.bool)
-        kidx, ridx = iter(unflatten(xi, kept) if kept else []), iter(unflatten(r, reduced))
-        full = [next(ridx) if d in dims else next(kidx) for d in range(len(src_shape))]
+        full = [Ix()] * len(src_shape)
+        for d, i in zip(kept_dims, unflatten(Ix.of(xi), kept_sizes, tuple(range(len(kept_dims))))):
+            full[d] = i
+        for d, i in zip(reduced_dims, unflatten(r, reduced_sizes, tuple(range(len(reduced_dims))))):
+            full[d] = i
         v = masked(cond, lambda: body(full))
         return Op("where", [cond, v, identity(rtype, v.dtype)], v.dtype)
     part_dtype = acc_dtype if acc_dtype != torch.bool else torch.bool
     pshape, pspace, pdims = ((chunks, xnumel), (chunks, block, xnumel), (1,)) if column else \
         ((xnumel, chunks), (xnumel, chunks, block), (2,))
-    part = ir.reduction(L.fresh("red"), pshape, part_dtype, partial_body, pspace, pdims,
-                        rtype, fx=fx, ops=(op_name(fx.target),) if fx is not None else ())
-    part.meta.update(acc_dtype=acc_dtype, device=fake(x).device,
+    ops = (op_name(fx.target),) if fx is not None else ()
+    part = ir.reduction(L.fresh("red"), pshape, part_dtype, partial_body, pspace, pdims, rtype, fx=fx, ops=ops)
+    part.meta.update(acc_dtype=acc_dtype, device=device_of(x), order=layout.row_major(3),
                      fake=torch.empty(pshape, dtype=part_dtype, device="meta"))
     L.add(part)
-    final = ir.reduction(L.fresh("red"), out_shape, out_dtype, lambda idx: part(idx), pshape, (0,) if column else (1,),
-                         rtype, fx=fx, ops=(op_name(fx.target),) if fx is not None else ())
-    final.meta.update(acc_dtype=acc_dtype, device=fake(x).device,
+
+    # the final kernel: space out_shape + (C,), reducing C; an output's index numbers its kept element xi
+    # as the partial kernel did (kept dims dense in memory order)
+    kept_stride = dict(zip(kept_dims, layout.dense_strides(kept_sizes, tuple(range(len(kept_dims))))))
+    kept_nonunit = [d for d in range(len(src_shape)) if d not in dims and src_shape[d] != 1]
+    out_nonunit = [j for j, s in enumerate(out_shape) if s != 1]
+    out_stride = {j: kept_stride[d] for d, j in zip(kept_nonunit, out_nonunit)}
+    n_out = len(out_shape)
+
+    def final_body(idx):
+        xi = Ix()
+        for j, st in out_stride.items():
+            xi = xi + Ix.of(idx[j]) * st
+        return part([idx[n_out], xi] if column else [xi, idx[n_out]])
+    by_memory = sorted(out_stride, key=out_stride.get) + [j for j in range(n_out) if j not in out_stride]
+    final = ir.reduction(L.fresh("red"), out_shape, out_dtype, final_body, tuple(out_shape) + (chunks,), (n_out,),
+                         rtype, fx=fx, ops=ops)
+    final.meta.update(acc_dtype=acc_dtype, device=device_of(x),
+                      order=tuple(by_memory + [n_out]) if column else tuple([n_out] + by_memory),
                       fake=torch.empty(out_shape, dtype=out_dtype, device="meta"))
     L.add(final)
     return final
@@ -269,13 +348,14 @@ def kept_index(src_idx, dims, out_shape):
 class Lowering:
     """Walks an FX graph and builds IR nodes; `nodes` keeps creation order (a valid topological order)."""
 
-    def __init__(self, gm):
+    def __init__(self, gm, forced=None):
         self.gm = gm
+        self.forced = dict(forced or {})   # fx node -> reason: ops of a kernel that failed, run as ATen
         self.env = {}
         self.nodes = []
         self.outputs = []
         self.counter = 0
-        self.fallbacks = []     # (fx node, reason)
+        self.fallbacks = []     # (fx node, reason, scope): scope "op" (refused here) or "kernel" (forced)
         self.externs = []
         self.seeds = {}
         self.index_checks = []  # (graph-input index buffer, lowest valid value, size, op): checked per call
@@ -346,6 +426,8 @@ class Lowering:
         reason = None
         if is_extern(name):
             return self.buffer_op(fx, "extern", "")
+        if fx in self.forced:
+            return self.buffer_op(fx, "fallback", self.forced[fx], scope="kernel")
         prim = getattr(fx.target, "namespace", "aten") == "prims"
         fn = PRIMS.get(name) if prim else LOWERINGS.get(name)
         if prim and fn is None and name in LOWERINGS and name not in ("sum", "var", "amax", "amin", "prod", "div"):
@@ -360,7 +442,7 @@ class Lowering:
             try:
                 out = fn(self, fx, *args, **kwargs)
                 for o in out if isinstance(out, tuple) else (out,):
-                    why = unrenderable(o)
+                    why = unrenderable(o, self.added)
                     if why:
                         raise NotLowered(why)
                 for i, o in enumerate(out if isinstance(out, tuple) else (out,)):
@@ -377,10 +459,10 @@ class Lowering:
                 reason = f"lowering failed: {type(e).__name__}: {e}"
         return self.buffer_op(fx, "fallback", reason)
 
-    def buffer_op(self, fx, producer, reason):
+    def buffer_op(self, fx, producer, reason, scope="op"):
         val = meta(fx)
         if producer == "fallback":
-            self.fallbacks.append((fx, reason))
+            self.fallbacks.append((fx, reason, scope))
         else:
             self.externs.append(fx)
 
@@ -390,6 +472,7 @@ class Lowering:
                              ops=(op_name(fx.target),))
             node.meta["fake"] = t
             node.meta["out_index"] = i
+            node.meta["scope"] = scope
             self.nodes.append(node)
             return node
         if isinstance(val, torch.Tensor):
@@ -399,20 +482,26 @@ class Lowering:
         node = ir.buffer(fx.name, (), (), torch.float32, producer, fx=fx, reason=reason, ops=(op_name(fx.target),))
         node.meta["fake"] = val
         node.meta["not_tensor"] = True
+        node.meta["scope"] = scope
         self.nodes.append(node)
         return node
 
 
-def unrenderable(node):
+def unrenderable(node, lowered):
     """Why codegen could not render `node`'s math (brrr.compile.mathops), or None. Checked while lowering, so
-    such an op runs as ATen on its own instead of failing its kernel later."""
+    such an op runs as ATen on its own instead of failing its kernel later. The nodes already `lowered` were
+    checked: they are read as loads here rather than inlined, so each node's own math is walked once."""
     if not isinstance(node, ir.Node) or node.kind == "buffer":
         return None
     shape = node.src_shape if node.kind == "reduction" else node.shape
     if _numel(shape) == 0:   # nothing to compute: no kernel is launched
         return None
     index = unflatten(Ix.var("xindex", _numel(shape)), shape)
-    value = node.body(index) if node.kind == "reduction" else node.fn(index)
+    previous, ir.LOAD_STORED = ir.LOAD_STORED, lowered
+    try:
+        value = node.body(index) if node.kind == "reduction" else node.fn(index)
+    finally:
+        ir.LOAD_STORED = previous
     for v in ir.walk(value):
         if isinstance(v, ir.Op):
             why = mathops.refusal(v)
@@ -442,9 +531,10 @@ def _nodes(args, kwargs):
     return out
 
 
-def lower(gm):
-    return Lowering(gm).run()
+def lower(gm, forced=None):
+    """`gm` as IR; `forced` maps FX nodes to the reason they must run as ATen calls (a failed kernel's ops)."""
+    return Lowering(gm, forced).run()
 
 
 # the op families register themselves in LOWERINGS / PRIMS
-from brrr.compile.lowering import pointwise, reductions, views  # noqa: E402,F401
+from brrr.compile.lowering import pointwise, reductions, views, windows  # noqa: E402,F401

@@ -6,51 +6,61 @@ kernels with literal grids and calls ATen for Externs/Fallbacks/views - nothing 
 If anything brrr made fails on the first call, the graph reruns as ATen (its FX module) with one warning.
 
 Cache: BRRR_CACHE_DIR (default ~/.cache/brrr/kernels)/<sha256(source, triton version, device)>.py, written via
-tmp file + os.replace so concurrent processes never see half a file; an entry whose text differs from the
-source it should hold (corrupt, truncated) is rewritten, and one that fails to import is rebuilt once.
+tmp file + os.replace so concurrent processes never see half a file; an entry is trusted only when its text is
+the source it should hold (else rewritten: corrupt, truncated), and the module runs that source, never cached
+bytecode. Temporary files older than STALE_TMP_S, left by writers that died mid-write, are removed.
 """
 
 import ast
 import concurrent.futures
 import hashlib
-import importlib.util
 import os
 import sys
-import tempfile
-import warnings
+import time
+import types
+import uuid
 from collections import Counter
 
 import torch
 
-from brrr.compile import ir
+from brrr.compile import fallbacks, ir
+from brrr.compile.fallbacks import KernelFailed, MAX_REPLANS, debugging, is_out_of_memory, recover, warn_once
 from brrr.compile.graphs import GraphedCall
 from brrr.compile.inplace import reused_memory
 from brrr.compile.launch import Launcher
 from brrr.compile.codegen.triton import generate
 
-_WARNED = set()
 _MODULES = {}
-
-
-def warn_once(reason):
-    if reason not in _WARNED:
-        _WARNED.add(reason)
-        warnings.warn(f"brrr: {reason}", stacklevel=3)
-
-
-def recover(exc, what, then):
-    """A failure inside brrr: raised under BRRR_DEBUG=1 (the tests), else warned once while the caller goes on
-    as `then` says (the model never breaks because of brrr)."""
-    if os.environ.get("BRRR_DEBUG") == "1":
-        raise exc
-    warn_once(f"{what} ({type(exc).__name__}: {str(exc)[:200]}); {then}")
+_SWEPT = set()   # cache directories whose dead writers' temporary files this process removed
+STALE_TMP_S = 600
 
 
 def cache_dir():
     d = os.environ.get("BRRR_CACHE_DIR")
     d = os.path.join(d, "kernels") if d else os.path.join(os.path.expanduser("~"), ".cache", "brrr", "kernels")
     os.makedirs(d, exist_ok=True)
+    if d not in _SWEPT:
+        _SWEPT.add(d)
+        _remove_stale_tmp(d)
     return d
+
+
+def _remove_stale_tmp(d):
+    """Delete temporary files of writers that died mid-write (killed, or interrupted again while their threads
+    were still writing), in the cache and its cubin folder. A live writer's temporary file exists for
+    microseconds, so an old one is dead."""
+    cutoff = time.time() - STALE_TMP_S
+    for folder in (d, os.path.join(d, "cubin")):
+        try:
+            found = [e for e in os.scandir(folder) if e.name.startswith(".tmp-")]
+        except OSError:   # no cubin folder (no GPU kernel launched yet)
+            continue
+        for entry in found:
+            try:
+                if entry.stat().st_mtime < cutoff:
+                    os.unlink(entry.path)
+            except OSError:   # gone already: another process swept it
+                pass
 
 
 def cache_key(source, device):
@@ -62,16 +72,28 @@ def cache_key(source, device):
     return h.hexdigest()[:40]
 
 
-def _write_atomic(path, text):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".py")
+def write_atomic(path, data):
+    """`data` (text or bytes) into `path` through a temporary file renamed into place: whoever reads `path`
+    sees the old file or the whole new one. The temporary file is opened as any file is, so the entry gets the
+    umask's permissions (mkstemp's are the owner's alone: another user sharing the cache could not read it and
+    would rewrite it on every load)."""
+    tmp = os.path.join(os.path.dirname(path), f".tmp-{uuid.uuid4().hex}")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with open(tmp, "xb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def load_kernel(source, name, device):
@@ -80,46 +102,48 @@ def load_kernel(source, name, device):
     if key in _MODULES:
         return getattr(_MODULES[key], name)
     path = os.path.join(cache_dir(), f"brrr_{key}.py")
-    for attempt in (0, 1):
-        try:
-            with open(path) as f:
-                ok = f.read() == source
-        except (OSError, UnicodeDecodeError):
-            ok = False
-        if not ok:
-            _write_atomic(path, source)
-        try:
-            spec = importlib.util.spec_from_file_location(f"brrr_kernel_{key}", path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = mod
-            spec.loader.exec_module(mod)
-            _MODULES[key] = mod
-            return getattr(mod, name)
-        except Exception:
-            sys.modules.pop(f"brrr_kernel_{key}", None)
-            if attempt:
-                raise
-            _write_atomic(path, source)   # a stale or damaged entry: rebuild it once
-    raise RuntimeError("unreachable")
+    if _read(path) != source:   # missing, truncated, corrupt
+        write_atomic(path, source)
+    # The module runs the source in hand, never bytecode Python cached beside the entry (a stale or corrupt .pyc
+    # passes Python's mtime-and-size check); the file is there for triton.jit, which reads its function's
+    # source back through inspect, and for tracebacks.
+    module = types.ModuleType(f"brrr_kernel_{key}")
+    module.__file__ = path
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(source, path, "exec"), module.__dict__)
+    except BaseException:
+        sys.modules.pop(module.__name__, None)
+        raise
+    _MODULES[key] = module
+    return getattr(module, name)
+
+
+def kernel_fx_nodes(kernel, rendered=()):
+    """The FX nodes whose values `kernel` computes: its roots and every node rendered inside it."""
+    nodes = list(kernel.roots) + list(rendered)
+    return tuple(dict.fromkeys(n.fx for n in nodes if n.fx is not None and n.fx.op == "call_function"))
 
 
 def generate_all(plan):
-    """KernelSource per kernel step (reverse order, so a reduction read by a later kernel is stored)."""
+    """KernelSource per kernel step (reverse order, so a reduction read by a later kernel is stored). Every
+    stored node's strides were fixed by the scheduler (brrr.compile.layout)."""
     stored = set(plan.stored)
     kernel_of = {r: k for kind, k in plan.steps if kind == "kernel" for r in k.roots}
-    for n in list(kernel_of) + list(stored):
-        fake = n.meta.get("fake")
-        n.stride = tuple(fake.stride()) if fake is not None and tuple(fake.shape) == tuple(n.shape) \
-            else ir.contiguous(n.shape)
     out = {}
     for kind, k in reversed(plan.steps):
         if kind != "kernel":
             continue
         load_stored = {n for n in stored if n.kind == "pointwise" and kernel_of.get(n) is not k}
-        src, refs = generate(k, stored, load_stored, kernel_of)
-        devices = {str(_device_of(a)) for a in src.args}
-        if len(devices) > 1:   # e.g. a CPU scalar tensor read by a CUDA kernel: let ATen handle this graph
-            raise NotImplementedError(f"kernel {k.name} reads tensors on several devices {sorted(devices)}")
+        try:
+            src, refs = generate(k, stored, load_stored, kernel_of)
+            devices = {str(_device_of(a)) for a in src.args}
+            if len(devices) > 1:   # e.g. a CPU scalar tensor read by a CUDA kernel: its ops run as ATen
+                raise NotImplementedError(f"kernel {k.name} reads tensors on several devices {sorted(devices)}")
+        except Exception as e:
+            if debugging() or is_out_of_memory(e):
+                raise
+            raise KernelFailed(k.name, "generate", e, kernel_fx_nodes(k, getattr(e, "brrr_rendered", ()))) from e
         out[k] = src
         stored |= refs
     plan.stored = stored
@@ -141,9 +165,10 @@ class CompiledGraph:
     """Calls the generated `call`; on the first call, any failure reruns the graph as ATen (once, warned).
     Boxed calling convention (AOTAutograd passes one list of arguments)."""
 
-    def __init__(self, call, gm, source, cuda_graphs=False, device=None):
+    def __init__(self, call, gm, source, cuda_graphs=False, device=None, kind="graph"):
         self._boxed_call = True   # in the instance dict: wrappers (functools.wraps) copy it
-        self.call, self.gm, self.source = call, gm, source
+        self.call, self.gm, self.source, self.kind = call, gm, source, kind
+        self.replan = None        # KernelFailed -> a CompiledGraph without that kernel, or None (backend sets it)
         self.verified = False
         self.cuda_graphs = cuda_graphs
         self.device = device  # CUDA index: allocations and launches go to the current device, made this one
@@ -177,20 +202,36 @@ class CompiledGraph:
                 if not graphed.usable:
                     self.graphed = None
             return self.call(args)
-        try:
-            out = self.call(args)
-        except Exception as e:
-            recover(e, "a generated kernel failed", "running this graph as ATen")
-            self.call = lambda a: self.gm(*a)
-            self.verified = True
-            return self.call(args)
+        out = self._first_call(args)
         self.verified = True
-        if self.cuda_graphs:
+        if self.cuda_graphs and self.call is not self._aten_call:
             self.graphed = GraphedCall(self.call, args, self.lend, self.pin)
         return out
 
+    def _first_call(self, args):
+        """The first call checks what brrr made. A kernel that fails to compile or launch has the graph
+        re-planned with its ops as ATen calls (`replan`, bounded by the re-plans left); any other failure of
+        brrr's, or running out of re-plans, runs the graph's own FX module. The graph never writes into its
+        inputs, so a call that failed half-way can simply run again."""
+        while True:
+            try:
+                return self.call(args)
+            except Exception as e:
+                if debugging() or is_out_of_memory(e):
+                    raise
+                replanned = self.replan(e) if isinstance(e, KernelFailed) and self.replan is not None else None
+                if replanned is None:
+                    fallbacks.log("graph", self.kind, "first call", f"{type(e).__name__}: {str(e)[:200]}")
+                    recover(e, "a generated kernel failed", "running this graph as ATen")
+                    self.call = self._aten_call
+                    return self.call(args)
+                self.call, self.source = replanned.call, replanned.source
 
-def build(plan, gm, cuda_graphs=False):
+    def _aten_call(self, args):
+        return self.gm(*args)
+
+
+def build(plan, gm, cuda_graphs=False, kind="graph"):
     kernels = generate_all(plan)
     reused = reused_memory(plan, kernels)
     names, glb = {}, {"torch": torch, "empty_strided": torch.empty_strided, "empty_cuda": _EMPTY_CUDA,
@@ -234,7 +275,7 @@ def build(plan, gm, cuda_graphs=False):
         dev = seed.meta["device"]
         lines.append(f"    {var(seed)} = torch.randint(0, 2**31 - 1, (1,), device={const(torch.device(dev))})")
     done_fx = {}
-    launches = []
+    launches, kernel_steps = [], {}
     allocated = set()
     for kind, step in plan.steps:
         if kind == "aten":
@@ -295,15 +336,24 @@ def build(plan, gm, cuda_graphs=False):
                 continue
             glb[ks.name] = None
             launches.append(ks)
+            kernel_steps[ks.name] = step
             lines.append(f"    {ks.name}({', '.join(var(a) for a in ks.args)})  # grid {ks.grid}, {ks.meta}")
     outs = [var(o) if isinstance(o, ir.Node) else const(o) for o in L.outputs]
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     source = "\n".join(free_dead_buffers(drop_unused_views(lines))) + "\n"
     device = _device_name(plan)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, max(1, len(launches)))) as pool:
+    # Triton compiles kernels mostly outside the GIL (MLIR passes, ptxas): one thread per core
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(os.cpu_count() or 8, max(1, len(launches)))) as pool:
         futs = {ks.name: pool.submit(_load_and_warm, ks, device) for ks in launches}
         for ks in launches:
-            glb[ks.name] = Launcher(futs[ks.name].result(), ks.grid, ks.meta)
+            fx_nodes = kernel_fx_nodes(kernel_steps[ks.name], ks.nodes)
+            try:
+                jit_fn = futs[ks.name].result()
+            except Exception as e:
+                if debugging() or is_out_of_memory(e):
+                    raise
+                raise KernelFailed(ks.name, "compile", e, fx_nodes) from e
+            glb[ks.name] = Launcher(jit_fn, ks.grid, ks.meta, name=ks.name, fx_nodes=fx_nodes)
     filename = f"<brrr call {hash(source) & 0xffffff:x}>"
     dump_dir = os.environ.get("BRRR_DUMP_DIR")
     if dump_dir:  # the generated call, to read beside a traceback that points into it
@@ -311,7 +361,8 @@ def build(plan, gm, cuda_graphs=False):
         with open(os.path.join(dump_dir, f"call-{hash(source) & 0xffffff:x}.py"), "w") as f:
             f.write(source)
     exec(compile(source, filename, "exec"), glb)
-    return CompiledGraph(glb["call"], gm, source, cuda_graphs=cuda_graphs, device=_cuda_device(plan)), kernels
+    return CompiledGraph(glb["call"], gm, source, cuda_graphs=cuda_graphs, device=_cuda_device(plan),
+                         kind=kind), kernels
 
 
 def _fake_of(node):
@@ -463,8 +514,12 @@ def _device_name(plan):
 def _load_and_warm(ks, device):
     k = load_kernel(ks.source, ks.name, device)
     if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available():
+        from triton.compiler.errors import CompilationError
+
         try:   # compile now, in this worker, rather than at the first launch (dtypes stand in for tensors)
             k.warmup(*[a.dtype for a in ks.args], grid=ks.grid, **ks.meta)
+        except CompilationError:
+            raise   # the kernel itself is broken: build() re-plans without it
         except Exception:
-            pass
+            pass    # warm-up could not run here; the first launch compiles (and reports) instead
     return k

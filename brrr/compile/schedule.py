@@ -7,12 +7,17 @@ views), or several consumers in different iteration spaces where recomputing cos
 kernels that share an iteration space: a pointwise space `S`, or a reduction space `(S, dims)` that also takes
 pointwise prologues/epilogues of shape `S` and per-row outputs (softmax, layer norm: one kernel). Each refusal
 is recorded with its reason for explain.
+
+Each kernel walks its space in memory order (`Kernel.order`, chosen by brrr.compile.layout when the kernel
+is made), and every buffer's strides are fixed as its kernel takes it, so later kernels read it as it will be.
+Kernels are named after what they fuse (brrr.compile.naming) once packing is done.
 """
 
 from dataclasses import dataclass, field
 
-from brrr.compile import ir
-from brrr.compile.indexing import Ix, contiguous_strides, linear, unflatten
+from brrr.compile import ir, layout
+from brrr.compile.naming import kernel_name
+from brrr.compile.indexing import Ix, linear, unflatten
 
 
 @dataclass(eq=False)
@@ -22,10 +27,16 @@ class Kernel:
     dims: tuple = ()                   # reduced dims of S (empty: pointwise kernel)
     roots: list = field(default_factory=list)
     closed: bool = False               # takes no other roots (an accumulating scatter and its init)
+    order: tuple = ()                  # dims of S innermost first: the memory order the flat index walks
+    tile: int = 0                      # pointwise layout change: order[:tile] walk xindex, the rest yindex
+    members: list = field(default_factory=list)   # every IR node it computes (roots and what they inline)
 
     @property
     def is_reduction(self):
         return bool(self.dims)
+
+    def loop_order(self):
+        return self.order or layout.row_major(len(self.shape))
 
     def kept(self):
         return tuple(s for d, s in enumerate(self.shape) if d not in self.dims)
@@ -39,16 +50,60 @@ class Kernel:
     def rnumel(self):
         return _prod(self.reduced()) if self.dims else 1
 
+    def is_column(self):
+        """A reduction whose innermost dim in memory is kept: neighbouring rows sit side by side in memory,
+        so a tile loads along the kept dims (xindex) and reduces along rindex."""
+        inner = layout.innermost(self.shape, self.loop_order())
+        return bool(self.dims) and inner is not None and inner not in self.dims
+
+    def tile_numels(self):
+        """(x extent, y extent) of a tiled kernel's [YBLOCK, XBLOCK] tiles."""
+        order = self.loop_order()
+        return _prod(self.shape[d] for d in order[:self.tile]), _prod(self.shape[d] for d in order[self.tile:])
+
+    def groups(self):
+        """(index variable, its extent, the dims it unflattens over, innermost first)."""
+        order = self.loop_order()
+        if self.tile:
+            (xn, yn) = self.tile_numels()
+            return (("xindex", xn, order[:self.tile]), ("yindex", yn, order[self.tile:]))
+        return (("xindex", self.xnumel(), [d for d in order if d not in self.dims]),
+                ("rindex", self.rnumel(), [d for d in order if d in self.dims]))
+
     def full_index(self):
-        """Ix per dim of S in terms of xindex (kept dims) and rindex (reduced dims)."""
-        xs = iter(unflatten(Ix.var("xindex", self.xnumel()), self.kept()))
-        rs = iter(unflatten(Ix.var("rindex", self.rnumel()), self.reduced()) if self.dims else [])
-        return [next(rs) if d in self.dims else next(xs) for d in range(len(self.shape))]
+        """Ix per dim of S: the kept dims unflatten xindex, the reduced dims rindex (a tiled layout change:
+        the inner dims xindex, the outer yindex), each in memory order."""
+        idx = [Ix()] * len(self.shape)
+        for var, numel, group in self.groups():
+            if not group:
+                continue
+            sub = unflatten(Ix.var(var, numel), [self.shape[d] for d in group], tuple(range(len(group))))
+            for d, i in zip(group, sub):
+                idx[d] = i
+        return idx
+
+    def _row_dims(self, shape):
+        """{dim of S: dim of `shape`} for a per-row node: its sizes > 1 are the kept sizes > 1, in order."""
+        kept = [d for d in range(len(self.shape)) if d not in self.dims and self.shape[d] != 1]
+        return dict(zip(kept, [j for j, s in enumerate(shape) if s != 1]))
 
     def row_index(self, shape):
         """Ix per dim of a per-row node of `shape` (same non-1 sizes as the kept dims)."""
-        xs = iter([i for i, s in zip(unflatten(Ix.var("xindex", self.xnumel()), self.kept()), self.kept()) if s != 1])
-        return [Ix() if s == 1 else next(xs) for s in shape]
+        full, idx = self.full_index(), [Ix()] * len(shape)
+        for d, j in self._row_dims(shape).items():
+            idx[j] = full[d]
+        return idx
+
+    def row_strides(self, shape):
+        """Strides of a dense per-row node of `shape` laid out as this kernel walks its rows: its row index
+        times these strides is the plain xindex (a stored reduction writes contiguously)."""
+        rows = self._row_dims(shape)
+        order = [rows[d] for d in self.loop_order() if d in rows]
+        return layout.dense_strides(shape, order + [j for j in range(len(shape)) if j not in order])
+
+    def is_current_row(self, idx, shape):
+        """Whether per-row index `idx` (into `shape`) is the row this kernel's program is computing."""
+        return linear(idx, self.row_strides(shape)) == Ix.var("xindex", self.xnumel())
 
     def index_for(self, node):
         """the index at which `node` is computed in this kernel, or None when it does not fit."""
@@ -83,6 +138,16 @@ def load_bytes(node, accessed):
     return min(tensor_bytes(fake), nbytes_touched((accessed,), (1,), fake.element_size()))
 
 
+class Reason:
+    """A refusal's text, rendered once kernels carry their final names (`{}` stands for each kernel's)."""
+
+    def __init__(self, text, *kernels):
+        self.text, self.kernels = text, kernels
+
+    def __str__(self):
+        return self.text.format(*(k.name for k in self.kernels))
+
+
 @dataclass
 class Plan:
     steps: list                  # ("kernel", Kernel) | ("aten", Node)
@@ -99,6 +164,7 @@ class Scheduler:
         self.position = {}         # node -> index of the step that produces it
         self.kernel_of = {}        # root -> Kernel
         self.stored = set()
+        self.visible = set()       # stored nodes something outside the kernels sees: they keep eager's strides
         self.host_views = set()
         self.refusals = []
 
@@ -111,6 +177,7 @@ class Scheduler:
             self.require(node.view_of)
             return
         self.stored.add(node)
+        self.visible.add(node)
 
     def required(self):
         for o in self.L.outputs:
@@ -146,9 +213,9 @@ class Scheduler:
                                          f"{k * in_b} bytes, storing {in_b + out_b * (k + 1)}"))
 
     # ------------------------------------------------------------------ packing roots into kernels
-    def deps(self, kernel, node, idx):
-        """(ok, reason): can `node`, computed at `idx`, live in `kernel` (at its step position)?"""
-        pos = self.position.get(kernel, len(self.steps))
+    def evaluate(self, kernel, node, idx):
+        """(value, nodes it inlines): `node` at `idx` as `kernel` would compute it, loading what other kernels
+        store instead of recomputing it."""
         ident = self.kernel_of.get(next(iter(kernel.roots), None)) or kernel
         prev = ir.LOAD_STORED
         ir.LOAD_STORED = {n for n, k in self.kernel_of.items() if n.kind == "pointwise" and k is not ident}
@@ -156,23 +223,71 @@ class Scheduler:
         try:
             value = node.body(idx) if node.kind == "reduction" else node.fn(list(idx))
         finally:
-            ir._RECORD.pop()
+            inlined = ir._RECORD.pop()
             ir.LOAD_STORED = prev
-        xflat = Ix.var("xindex", kernel.xnumel())
+        return value, inlined
+
+    def deps(self, kernel, node, idx):
+        """(ok, reason, nodes inlined): can `node`, computed at `idx`, live in `kernel` (at its step position)?"""
+        pos = self.position.get(kernel, len(self.steps))
+        value, inlined = self.evaluate(kernel, node, idx)
         for v in ir.walk(value):
             if isinstance(v, ir.Load):
                 if self.position.get(v.buf, -1) >= pos and v.buf.producer not in ("input", "seed", "constant"):
-                    return False, f"reads {v.buf.name}, produced after kernel {kernel.name}"
+                    return False, Reason(f"reads {v.buf.name}, produced after kernel {{}}", kernel), inlined
             elif isinstance(v, ir.ReduceRef):
                 r = v.node
                 if self.kernel_of.get(r) is kernel:
                     if not kernel.is_row(node) and node.kind == "reduction" and r is node:
                         continue
-                    if linear(v.idx, contiguous_strides(r.shape)) != xflat:
-                        return False, f"reads reduction {r.name} of kernel {kernel.name} at another row"
+                    if not kernel.is_current_row(v.idx, r.shape):
+                        return False, Reason(f"reads reduction {r.name} of kernel {{}} at another row", kernel), \
+                            inlined
                 elif self.kernel_of.get(r) is None or self.position[self.kernel_of[r]] >= pos:
-                    return False, f"reads reduction {r.name} not computed before kernel {kernel.name}"
-        return True, ""
+                    return False, Reason(f"reads reduction {r.name} not computed before kernel {{}}", kernel), \
+                        inlined
+        return True, "", inlined
+
+    # ------------------------------------------------------------------ memory order and strides
+    def open_kernel(self, kernel, node):
+        """Give a new kernel its first root: its order (`order_for`), then the root."""
+        value, inlined = self.evaluate(kernel, node, layout.dim_vars(kernel.shape))
+        kernel.order = self.order_for(node, kernel, value)
+        self.add_root(kernel, node, inlined)
+
+    def order_for(self, node, kernel, value):
+        """The order a new kernel walks its space in, from its first root (`value`: the root built at
+        layout.dim_vars): eager's layout of a stored node something outside sees, else the layout of the
+        largest tensor it reads, else eager's layout of the node, else row-major; a reduction something outside
+        sees walks its kept dims in its output's layout. Split reductions name the order of their synthetic
+        spaces themselves."""
+        shape = kernel.shape
+        if node.meta.get("order") is not None:
+            return tuple(node.meta["order"])
+        if node.kind == "pointwise" and node in self.visible:
+            order = layout.fake_order(node, shape)
+            if order is not None:
+                return order
+        order = layout.largest_input_order(value, shape)
+        if order is None and node.kind == "pointwise":
+            order = layout.fake_order(node, shape)
+        order = order or layout.row_major(len(shape))
+        if node.kind == "reduction" and node in self.visible:   # the kept dims as eager stores the result
+            stored = layout.fake_order(node, node.shape)
+            if stored is not None:
+                order = layout.with_kept_order(order, shape, node.dims, node.shape, stored)
+        return order
+
+    def assign_strides(self, node, kernel):
+        """Strides of a root's buffer, fixed here so later kernels read it as it will be: eager's where
+        something outside the kernels sees it, else dense in the order its kernel writes it."""
+        fake = node.meta.get("fake")
+        if node in self.visible and hasattr(fake, "stride") and tuple(fake.shape) == tuple(node.shape):
+            node.stride = tuple(fake.stride())
+        elif kernel.is_row(node):
+            node.stride = kernel.row_strides(node.shape)
+        else:
+            node.stride = layout.dense_strides(node.shape, kernel.loop_order())
 
     def place(self, node):
         kernels = [s for kind, s in self.steps if kind == "kernel"]
@@ -183,11 +298,13 @@ class Scheduler:
             idx = k.index_for(node)
             upgrade = None
             if idx is None and node.kind == "reduction" and not k.dims and tuple(k.shape) == tuple(node.src_shape):
-                upgrade = Kernel(k.name, k.shape, node.dims, k.roots)   # a pointwise kernel becomes its prologue
+                # a pointwise kernel becomes its prologue
+                upgrade = Kernel(k.name, k.shape, node.dims, k.roots, order=k.order)
                 idx = upgrade.full_index()
             if idx is None:
-                last_reason = last_reason or (f"iteration space {_space(node)} differs from kernel {k.name}'s "
-                                              f"{list(k.shape)}{' over ' + str(list(k.dims)) if k.dims else ''}")
+                last_reason = last_reason or Reason(
+                    f"iteration space {_space(node)} differs from kernel {{}}'s "
+                    f"{list(k.shape)}{' over ' + str(list(k.dims)) if k.dims else ''}", k)
                 continue
             target = upgrade or k
             if upgrade is not None:
@@ -195,15 +312,14 @@ class Scheduler:
                 ok = all(self.deps(upgrade, r, upgrade.index_for(r))[0] for r in k.roots)
                 if not ok:
                     continue
-            ok, why = self.deps(target, node, idx)
+            ok, why, inlined = self.deps(target, node, idx)
             if not ok:
                 last_reason = why
                 continue
             if upgrade is not None:
                 k.dims = node.dims
                 self.position.pop(upgrade, None)
-            k.roots.append(node)
-            self.kernel_of[node] = k
+            self.add_root(k, node, inlined)
             self.position[node] = self.position[k]
             return
         k = Kernel(f"k{len(kernels)}", tuple(node.src_shape if node.kind == "reduction" else node.shape),
@@ -213,23 +329,38 @@ class Scheduler:
         self.position[k] = len(self.steps)
         self.position[node] = len(self.steps)
         self.steps.append(("kernel", k))
-        k.roots.append(node)
-        self.kernel_of[node] = k
+        self.open_kernel(k, node)
+
+    def add_root(self, kernel, node, inlined):
+        kernel.roots.append(node)
+        kernel.members.extend([node] + sorted(inlined - set(kernel.members), key=lambda n: n.name))
+        self.kernel_of[node] = kernel
+        self.assign_strides(node, kernel)
+
+    def choose_tiles(self):
+        """A pointwise kernel whose largest input (touching at least half its elements) has another innermost
+        dim than the kernel's order loads and stores through [YBLOCK, XBLOCK] tiles (layout.tile_split)."""
+        for kind, k in self.steps:
+            if kind != "kernel" or k.dims or k.closed or len(k.shape) < 2:
+                continue
+            main = None
+            for root in k.roots:
+                found = layout.largest_input(self.evaluate(k, root, layout.dim_vars(k.shape))[0], k.shape)
+                if found and (main is None or found[1] > main[1]):
+                    main = found
+            if main is not None and 2 * main[1] >= k.xnumel():
+                k.tile = layout.tile_split(k.shape, k.loop_order(), main[0])
 
     def place_scatter(self, n):
         """index_put(accumulate=True): a kernel writes the initial tensor into n's buffer, then a kernel over the
         values adds them in with atomics. Both are closed; every reader loads n's buffer after them."""
         self.stored.add(n)
-        init = Kernel(f"k{sum(1 for kind, _ in self.steps if kind == 'kernel')}", tuple(n.shape), (), [n], True)
-        self.position[init] = len(self.steps)
-        self.steps.append(("kernel", init))
-        self.kernel_of[n] = init
-        add = n.meta["scatter"]
-        k = Kernel(f"k{sum(1 for kind, _ in self.steps if kind == 'kernel')}", tuple(add.shape), (), [add], True)
-        self.position[k] = len(self.steps)
-        self.steps.append(("kernel", k))
-        self.kernel_of[add] = k
-        self.position[n] = self.position[add] = self.position[k]
+        for root in (n, n.meta["scatter"]):
+            k = Kernel(f"k{sum(1 for kind, _ in self.steps if kind == 'kernel')}", tuple(root.shape), (), [], True)
+            self.position[k] = len(self.steps)
+            self.steps.append(("kernel", k))
+            self.open_kernel(k, root)
+        self.position[n] = self.position[n.meta["scatter"]] = self.position[k]
 
     def run(self):
         self.required()
@@ -248,10 +379,17 @@ class Scheduler:
                 continue
             if n.kind == "reduction" or (n.kind == "pointwise" and n in self.stored):
                 if n.numel == 0 and n.kind == "pointwise":
+                    n.stride = tuple(n.meta["fake"].stride()) if hasattr(n.meta.get("fake"), "stride") \
+                        else layout.dense_strides(n.shape, layout.row_major(len(n.shape)))
                     self.position[n] = len(self.steps)
                     self.steps.append(("empty", n))
                     continue
                 self.place(n)
+        self.choose_tiles()
+        position = {fx: i for i, fx in enumerate(self.L.gm.graph.nodes)} if self.L.gm is not None else {}
+        for i, k in enumerate(k for kind, k in self.steps if kind == "kernel"):
+            k.name = kernel_name(k.members, i, position)
+        self.refusals = [(n, str(why)) for n, why in self.refusals]
         return Plan(self.steps, self.stored, self.refusals, self.L)
 
 

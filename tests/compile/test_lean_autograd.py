@@ -222,3 +222,38 @@ def test_the_same_model_without_grad_after_training():
         out = fn(x)
     assert rec.runtimes == ["training", "inference"] and not out.requires_grad
     torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_call_on_fake_tensors_runs_no_kernel_and_gives_the_outputs_metadata(monkeypatch):
+    # Dynamo's DDPOptimizer calls each bucket's compiled graph once on fake tensors, under its fake mode, to get
+    # the next bucket's example inputs
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from brrr.compile.launch import Launcher
+
+    compiled = []
+
+    def backend(gm, example_inputs):
+        fn = brrr_backend(gm, example_inputs)
+        compiled.append((fn, list(example_inputs)))
+        return fn
+
+    def f(x, w):
+        return torch.nn.functional.gelu(x @ w).t() * 2, x.sum(1).argmax()
+
+    x, w = torch.randn(4, 8), torch.randn(8, 6, requires_grad=True)
+    fn = torch.compile(f, backend=backend, dynamic=False)
+    fn(x, w)
+    with torch.no_grad():
+        fn(x, w)
+    monkeypatch.setattr(Launcher, "__call__", lambda *a: pytest.fail("a kernel ran on fake tensors"))
+    for (lean, inputs), grad in zip(compiled, (True, False)):
+        assert lean._brrr_lean == ("training" if grad else "inference")
+        with FakeTensorMode() as mode, torch.set_grad_enabled(grad):
+            outs = lean(*[mode.from_tensor(t) for t in inputs])
+        with torch.set_grad_enabled(grad):
+            refs = f(x, w)
+        for out, ref in zip(outs, refs):
+            assert isinstance(out, FakeTensor)
+            assert (out.shape, out.stride(), out.dtype, out.requires_grad) == \
+                (ref.shape, ref.stride(), ref.dtype, ref.requires_grad)

@@ -1,10 +1,12 @@
 """Kernel -> Triton source (schedule -> **codegen** -> runtime).
 
-Three shapes of kernel: pointwise (1-D `xindex` blocks), persistent reduction (a [XBLOCK, RBLOCK] tile holds whole
-rows: load once, reduce, run the epilogue from registers) and looped reduction (one pass over the row per
-dependency level of its reductions, then one more for full-size epilogue outputs). Sizes and strides are static
-and baked into the source, so every index is a constant expression of `xindex`/`rindex`. Values are computed in
-fp32 for fp16/bf16 and rounded once on store; indices are int32 unless an offset can pass 2**31.
+Four shapes of kernel: pointwise (1-D `xindex` blocks), a layout change ([YBLOCK, XBLOCK] tiles: stores along
+xindex, loads along yindex), persistent reduction (a [XBLOCK, RBLOCK] tile holds whole rows: load once, reduce,
+run the epilogue from registers) and looped reduction (one pass over the row per dependency level of its
+reductions, then one more for full-size epilogue outputs). `xindex`, `rindex` and `yindex` number the kernel's
+dims in memory order (schedule's `Kernel.order`), so a column reduction's tile loads along the kept dims. Sizes
+and strides are static and baked into the source, so every index is a constant expression of them. Values are
+computed in fp32 for fp16/bf16 and rounded once on store; indices are int32 unless an offset can pass 2**31.
 """
 
 import math
@@ -14,11 +16,15 @@ import torch
 
 from brrr.compile import ir, mathops
 from brrr.compile.codegen.shim import prelude
-from brrr.compile.indexing import Ix, Opaque, linear
+from brrr.compile.indexing import Opaque, linear
 
 PERSISTENT_MAX = 16384      # reduced elements per row held in registers at once
 PERSISTENT_TILE = 2048      # elements of a persistent reduction's tile when rows are short
 LOOPED_RBLOCK = 2048        # elements per step of a looped (long-row) reduction
+COLUMN_PERSISTENT_MAX = 64  # a column reduction holds at most this many reduced elements per column at once
+COLUMN_XBLOCK = 64          # columns per program of a column reduction: loads run along them, coalesced
+TILE_SIDE = 64              # a layout change's tile: 64 x 64 (longer on one side when the other is short)
+TILE_ELEMENTS = 4096
 TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
       torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
       torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
@@ -35,9 +41,10 @@ def next_pow2(n):
 class KernelSource:
     """the generated module for one kernel and what the runtime needs to launch it."""
 
-    def __init__(self, name, source, args, grid, meta, ops, bytes_moved, stores):
+    def __init__(self, name, source, args, grid, meta, ops, bytes_moved, stores, nodes=()):
         self.name, self.source, self.args, self.grid, self.meta = name, source, args, grid, meta
         self.ops, self.bytes, self.stores = ops, bytes_moved, stores
+        self.nodes = tuple(nodes)   # the IR nodes computed inside the kernel (roots and inlined producers)
 
 
 class Scope:
@@ -95,14 +102,17 @@ class Codegen:
 
     # Set per kernel once its block sizes are known: a mask that is true in every lane is left out, as when
     # rows of 1024 fill RBLOCK exactly (the loads and stores then need no predicate and no `other`).
-    x_full = r_full = False
+    x_full = r_full = y_full = False
 
     def mask_for(self, rdep, xdep=True):
         """The mask of an access: xmask unless it does not depend on the row (`xdep`) or every row is in
-        range, rmask when it depends on rindex and the last block is partial. None when no lane is masked."""
+        range, rmask when it depends on rindex and the last block is partial, ymask in a tiled kernel unless
+        its tiles fit exactly. None when no lane is masked."""
         parts = []
         if xdep and not self.x_full:
             parts.append("xmask")
+        if self.k.tile and not self.y_full:
+            parts.append("ymask")
         if self.k.dims and rdep and not self.r_full:
             parts.append("rmask")
         return " & ".join(parts) or None
@@ -113,7 +123,7 @@ class Codegen:
             return literal(v.value, v.dtype), False
         if isinstance(v, ir.ReduceRef):
             r = v.node
-            if r in self.red_result and linear(v.idx, ir.contiguous(r.shape)) == Ix.var("xindex", self.k.xnumel()):
+            if r in self.red_result and self.k.is_current_row(v.idx, r.shape):
                 return self.red_result[r], False
             if r not in self.kernel_of:
                 raise RuntimeError(f"reduction {r.name} is read but never scheduled")
@@ -300,6 +310,8 @@ class Codegen:
 
     def gen_pointwise(self, roots):
         k = self.k
+        if k.tile:
+            return self.gen_tiled(roots)
         n = k.xnumel()
         xblock = min(1024 if n < (1 << 22) else 2048, next_pow2(n))
         warps = 4 if xblock <= 1024 else 8
@@ -314,21 +326,50 @@ class Codegen:
                 "    xmask = xindex < xnumel"]
         return head + s.lines, dict(XBLOCK=xblock, num_warps=warps, grid=(math.ceil(n / xblock),))
 
+    def gen_tiled(self, roots):
+        """A layout change: [YBLOCK, XBLOCK] tiles, xindex over the kernel's inner dims (the stores' contiguous
+        side), yindex over the rest (where the main input is contiguous); Triton turns the tile around in
+        shared memory so both sides coalesce."""
+        k = self.k
+        xn, yn = k.tile_numels()
+        xblock = min(next_pow2(xn), TILE_SIDE)
+        yblock = min(next_pow2(yn), max(TILE_SIDE, TILE_ELEMENTS // xblock))
+        xblock = min(next_pow2(xn), max(xblock, TILE_ELEMENTS // yblock))
+        self.x_full, self.y_full = xn % xblock == 0, yn % yblock == 0
+        xblocks = math.ceil(xn / xblock)
+        s = Scope()
+        idx = k.full_index()
+        for r in roots:
+            self.store(s, r, idx, self.value(s, r(idx)))
+        i64 = ".to(tl.int64)" if self.int64 else ""
+        head = [f"    xnumel = {xn}", f"    ynumel = {yn}",
+                f"    pid = tl.program_id(0){i64}",
+                f"    xoffset = (pid % {xblocks}) * XBLOCK",
+                f"    yoffset = (pid // {xblocks}) * YBLOCK",
+                "    xindex = xoffset + tl.arange(0, XBLOCK)[None, :]",
+                "    yindex = yoffset + tl.arange(0, YBLOCK)[:, None]",
+                "    xmask = xindex < xnumel",
+                "    ymask = yindex < ynumel"]
+        warps = 4 if xblock * yblock <= TILE_ELEMENTS else 8
+        return head + s.lines, dict(XBLOCK=xblock, YBLOCK=yblock, num_warps=warps,
+                                    grid=(xblocks * math.ceil(yn / yblock),))
+
     def gen_reduction(self, roots, reds):
         k = self.k
         X, R = k.xnumel(), k.rnumel()
         rblock = next_pow2(max(R, 1))
-        inner_kept = (len(k.shape) - 1) not in k.dims and k.shape[-1] > 1
-        persistent = rblock <= PERSISTENT_MAX and not (inner_kept and rblock > 64)
+        inner_kept = k.is_column()
+        persistent = rblock <= (COLUMN_PERSISTENT_MAX if inner_kept else PERSISTENT_MAX)
         if any(r.rtype.startswith("arg") for r in reds):
             persistent = True
         if persistent:
             # tiles of ~2048 elements: the seed MLP's layer norm (rows of 1024, written over the matmul's output)
             # took 18.6 us as 2 rows x 4 warps, 21.4 as 4 rows x 8 warps (results/probes/...-66852fc-layer-norm-in-context.log)
-            xblock = max(1, min(next_pow2(X), max(1, PERSISTENT_TILE // rblock), 64 if inner_kept else 4096))
+            xblock = max(1, min(next_pow2(X), max(1, PERSISTENT_TILE // rblock),
+                                COLUMN_XBLOCK if inner_kept else 4096))
         else:
             rblock = 32 if inner_kept else LOOPED_RBLOCK
-            xblock = 64 if inner_kept else 1
+            xblock = COLUMN_XBLOCK if inner_kept else 1
         tile = xblock * rblock
         warps = 2 if tile <= 256 else 4 if tile <= 2048 else 8 if tile <= 8192 else 16
         self.x_full, self.r_full = X % xblock == 0, R % rblock == 0 and R > 0
@@ -423,7 +464,7 @@ class Codegen:
             m = ref.node if isinstance(ref, ir.ReduceRef) else None
             if m is None or m not in reds or m in pairs or m.rtype != "max" or levels[m] != 0 \
                     or compute_dtype(m.meta.get("acc_dtype", m.dtype)) != torch.float32 \
-                    or linear(ref.idx, ir.contiguous(m.shape)) != Ix.var("xindex", self.k.xnumel()):
+                    or not self.k.is_current_row(ref.idx, m.shape):
                 continue
             # the same x: both render to the same temporary (a scope caches identical expressions)
             if self.value(scratch, d.args[0])[0] == self.value(scratch, m.body(full))[0]:
@@ -499,22 +540,30 @@ def generate(kernel, stored, load_stored, kernel_of):
             if not cg.int64 and needs_int64(kernel, cg):
                 continue
             break
+    except Exception as e:
+        e.brrr_rendered = tuple(cg.ops_nodes)   # what a re-plan must run as ATen (fallbacks.KernelFailed)
+        raise
     finally:
         ir.LOAD_STORED = prev
     args = list(cg.inputs) + list(cg.outputs)
     names = [cg.inputs[a] for a in cg.inputs] + [cg.outputs[a] for a in cg.outputs]
-    consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if kernel.dims else [])
+    consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if kernel.dims else []) + \
+        (["YBLOCK: tl.constexpr"] if kernel.tile else [])
     sig = ", ".join(names + consts)
     comment = f"# kernel {kernel.name}: iteration space {list(kernel.shape)}"
     if kernel.dims:
         comment += f", reducing dims {list(kernel.dims)}"
+    if kernel.loop_order() != tuple(reversed(range(len(kernel.shape)))):
+        comment += f", dims walked innermost first {list(kernel.loop_order())}"
+    if kernel.tile:
+        comment += f", tiles of dims {list(kernel.loop_order()[:kernel.tile])} (x) by the rest (y)"
     src = "\n".join(["import triton", "import triton.language as tl", "", comment, prelude(cg.helpers), "",
                      "@triton.jit", f"def {kernel.name}({sig}):"] + body) + "\n"
     ops = []
     for n in sorted(cg.ops_nodes, key=lambda n: n.name):
         ops.extend(o for o in n.ops if o not in ("view", "_unsafe_view", "alias"))
     return KernelSource(kernel.name, src, args, meta.pop("grid"), meta, sorted(set(ops)), 0,
-                        list(cg.outputs)), cg.external_reduce_refs
+                        list(cg.outputs), sorted(cg.ops_nodes, key=lambda n: n.name)), cg.external_reduce_refs
 
 
 def needs_int64(kernel, cg):

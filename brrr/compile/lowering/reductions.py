@@ -5,8 +5,9 @@ import torch
 
 from brrr.compile import ir
 from brrr.compile.ir import Const, Op
+from brrr.compile.indexing import Ix
 from brrr.compile.lower import (NotLowered, cast, elementwise, kept_index, make_reduction, meta, norm_dims,
-                                op_name, pw, register, register_prim)
+                                op_name, pw, reads_in_one_tile, register, register_prim)
 
 
 # ------------------------------------------------------------------------------------------ reductions
@@ -65,6 +66,10 @@ def lower_argmax(L, fx, x, dim=None, keepdim=False):
 
 @register("var", "var_mean", "std")
 def lower_var(L, fx, x, dims=None, *, correction=None, keepdim=False, **kw):
+    """Variance in two passes (the sum, then the squares around the mean) where a row sits in registers. Where
+    rows are looped or split (batch-norm statistics), the second pass would read x from memory again; there it
+    is one pass over x - K, with K the row's first element: sum(d) and sum(d * d) give the same variance
+    (shifted data), and a shift near the data keeps the subtraction from cancelling (eager uses Welford)."""
     name = op_name(fx.target)
     m = meta(fx)
     vshape = tuple((m[0] if name == "var_mean" else m).shape)
@@ -75,6 +80,24 @@ def lower_var(L, fx, x, dims=None, *, correction=None, keepdim=False, **kw):
     for d in dims:
         n *= x.shape[d]
     acc = torch.float32 if out in (torch.float16, torch.bfloat16) else out
+    denom = max(n - correction, 0)
+    if n and not reads_in_one_tile(x, dims):
+        mean_at, var_at = _shifted_moments(L, fx, x, dims, vshape, acc, n)
+    else:
+        mean_at, var_at = _two_pass_moments(L, fx, x, dims, vshape, acc, n)
+
+    def var_fn(idx):
+        v = Op("div", [var_at(idx), Const(denom, acc)], acc)
+        return cast(Op("sqrt", [v], acc) if name == "std" else v, out)
+    var = ir.pointwise(L.fresh("pw"), vshape, out, var_fn, fx=fx, ops=(name,))
+    if name != "var_mean":
+        return var
+    mean = ir.pointwise(L.fresh("pw"), vshape, out, lambda idx: cast(mean_at(idx), out), fx=fx, ops=(name,))
+    return (var, mean)
+
+
+def _two_pass_moments(L, fx, x, dims, vshape, acc, n):
+    """(mean at an output index, sum of squared deviations at it): the sum, then the squares around the mean."""
     s = make_reduction(L, fx, x, dims, "sum", vshape, acc, acc_dtype=acc)
 
     def mean_at(idx):
@@ -84,16 +107,45 @@ def lower_var(L, fx, x, dims=None, *, correction=None, keepdim=False, **kw):
         d = Op("sub", [cast(x(idx), acc), mean_at(kept_index(idx, dims, vshape))], acc)
         return Op("mul", [d, d], acc)
     ss = make_reduction(L, fx, x, dims, "sum", vshape, acc, body=body, acc_dtype=acc)
-    denom = max(n - correction, 0)
+    return mean_at, ss
 
-    def var_fn(idx):
-        v = Op("div", [ss(idx), Const(denom, acc)], acc)
-        return cast(Op("sqrt", [v], acc) if name == "std" else v, out)
-    var = ir.pointwise(L.fresh("pw"), vshape, out, var_fn, fx=fx, ops=(name,))
-    if name != "var_mean":
-        return var
-    mean = ir.pointwise(L.fresh("pw"), vshape, out, lambda idx: cast(mean_at(idx), out), fx=fx, ops=(name,))
-    return (var, mean)
+
+def _shifted_moments(L, fx, x, dims, vshape, acc, n):
+    """(mean, sum of squared deviations) from one pass: s = sum(x - K), q = sum((x - K)^2) over a row, K its
+    first element; mean = K + s / n, squared deviations q - s^2 / n (never below 0)."""
+    def shift(src_idx):
+        # K: x at the row's first element, which every row has (n > 0); loaded without the masks of a split
+        # reduction's chunk, so a looped kernel loads it per row, not per reduced element
+        saved = list(ir.MASKS)
+        ir.MASKS.clear()
+        try:
+            return cast(x([Ix() if d in dims else i for d, i in enumerate(src_idx)]), acc)
+        finally:
+            ir.MASKS[:] = saved
+
+    def deviation(idx):
+        return Op("sub", [cast(x(idx), acc), shift(idx)], acc)
+
+    def square(idx):
+        d = deviation(idx)
+        return Op("mul", [d, d], acc)
+    s = make_reduction(L, fx, x, dims, "sum", vshape, acc, body=deviation, acc_dtype=acc)
+    q = make_reduction(L, fx, x, dims, "sum", vshape, acc, body=square, acc_dtype=acc)
+
+    def source_index(idx):   # an output index (keepdim or not) -> x's index of the row's first element
+        if len(idx) == len(x.shape):
+            return [Ix() if d in dims else i for d, i in enumerate(idx)]
+        it = iter(idx)
+        return [Ix() if d in dims else next(it) for d in range(len(x.shape))]
+
+    def mean_at(idx):
+        return Op("add", [shift(source_index(idx)), Op("div", [s(idx), Const(n, acc)], acc)], acc)
+
+    def var_at(idx):
+        s_i = s(idx)
+        q_i = Op("sub", [q(idx), Op("div", [Op("mul", [s_i, s_i], acc), Const(n, acc)], acc)], acc)
+        return Op("maximum", [q_i, Const(0, acc)], acc)
+    return mean_at, var_at
 
 
 @register("linalg_vector_norm")

@@ -3,7 +3,7 @@
 
 import torch
 
-from brrr.compile import ir
+from brrr.compile import ir, layout
 from brrr.compile.indexing import Ix, Term, contiguous_strides, linear, unflatten
 from brrr.compile.ir import Const, IndexValue, Op
 from brrr.compile.lower import (NotLowered, cast, check_index_input, fake, ge, indirect, lt, masked, meta, op_name,
@@ -156,6 +156,27 @@ def lower_as_strided(L, fx, x, size, stride, offset=None):
         return view_node(L, fx, x, lambda idx: ir.Load(x, linear(idx, stride, offset), x.dtype,
                                                       mask=ir.MASKS[-1] if ir.MASKS else None))
     return view_node(L, fx, x, lambda idx: x(unflatten(linear(idx, stride, offset), tuple(x.shape))))
+
+
+@register("as_strided_scatter")
+def lower_as_strided_scatter(L, fx, base, src, size, stride, storage_offset=None):
+    """The view covers a contiguous base exactly, each element once (functionalized adaptive pooling's
+    backward writes a gradient through such a view of zeros): the result is src read through the view's
+    inverse, a permutation of the flat index."""
+    f = fake(base)
+    size, stride = tuple(size), tuple(stride)
+    order = layout.order_of(stride, size)
+    numel = 1
+    for s in size:
+        numel *= s
+    if not (tuple(f.stride()) == contiguous_strides(f.shape) and f.storage_offset() == 0 and not storage_offset
+            and numel == base.numel and tuple(src.shape) == size
+            and tuple(s for d, s in enumerate(stride) if size[d] != 1) ==
+            tuple(s for d, s in enumerate(layout.dense_strides(size, order)) if size[d] != 1)):
+        raise NotLowered("as_strided_scatter other than through a view that covers a contiguous base once")
+    strides = contiguous_strides(base.shape)
+    out = meta(fx).dtype
+    return pw(L, fx, lambda idx: cast(src(unflatten(linear(idx, strides), size, order)), out))
 
 
 # ------------------------------------------------------------------------------- cat / pad / gather

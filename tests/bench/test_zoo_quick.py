@@ -1,0 +1,77 @@
+"""The zoo's CPU smoke run (--quick: tiny models of the same code paths) writes its JSON and Markdown, with
+correctness judged against the fp32 copy, a changing-shape configuration, and a warm compile in a new process."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ZOO = ROOT / "benchmarks" / "zoo"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ZOO / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path[:0] = [str(ZOO), str(ZOO.parent)]
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_zoo_writes_results_for_static_and_changing_shapes(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    zoo = _load("run_zoo")
+    code = zoo.main(["--quick", "--out", str(tmp_path), "--only", "seed-mlp-train,llama-decode,bert-lengths-infer",
+                     "--backends", "eager,aot_eager,brrr", "--warm-compile", "brrr", "--keep-caches",
+                     "--commit", "abc1234"])
+    assert code == 0
+    [path] = tmp_path.glob("*-cpu-abc1234.json")
+    results = json.loads(path.read_text())
+    configs = results["configs"]
+    assert list(configs) == ["llama-decode", "bert-lengths-infer", "seed-mlp-train"]
+    for entry in configs.values():
+        assert entry["status"] == "ok", entry.get("traceback")
+        rows = {r["backend"]: r for r in entry["result"]["rows"]}
+        assert set(rows) == {"eager", "aot_eager", "brrr"}
+        assert all(r["status"] == "ok" for r in rows.values()), rows
+    decode = {r["backend"]: r for r in configs["llama-decode"]["result"]["rows"]}
+    assert decode["eager"]["error_vs_reference"]["norm_rel"] > 0    # bf16 against its own fp32 copy
+    shapes = {r["backend"]: r for r in configs["bert-lengths-infer"]["result"]["rows"]}
+    assert [p["shape"] for p in shapes["brrr"]["points"]] == ["len 8", "len 16", "len 24", "len 32", "len 12"]
+    assert shapes["brrr"]["graphs_compiled"] >= 1
+    assert results["warm_compile"]["seed-mlp-train"]["brrr"] > 0   # measured in a new process
+    markdown = path.with_suffix(".md").read_text()
+    assert "pass rate (ran and correct): 9/9" in markdown and "bert-lengths-infer: per shape" in markdown
+
+
+def test_parts_split_the_zoo_by_cost_and_keep_its_order():
+    models = _load("models")
+    parts = models.parts(models.CONFIGS, 3)
+    assert [c for part in parts for c in part] == models.CONFIGS and len(parts) == 3
+    costs = [sum(c.cost for c in part) for part in parts]
+    assert max(costs) - min(costs) <= max(c.cost for c in models.CONFIGS)
+    with pytest.raises(ValueError):
+        models.select("no-such-model")
+    assert {c.family for c in models.select("vision")} == {"vision"}
+
+
+def test_readme_block_is_generated_from_a_results_file(tmp_path):
+    report = _load("report")
+    row = lambda b, ms, **kw: {"backend": b, "status": "ok", "median_s": ms / 1e3, **kw}  # noqa: E731
+    results = {"environment": {"device": "GPU", "torch": "2", "triton": "3", "commit": "abc", "date": "d",
+                               "dtype": "bfloat16", "mode": "full", "backends": ["eager", "brrr", "inductor"]},
+               "configs": {"a": {"name": "a", "family": "vision", "train": False, "status": "ok", "kind": "static",
+                                 "result": {"rows": [row("eager", 10), row("brrr", 5), row("inductor", 4)]}},
+                           "b": {"name": "b", "family": "seed", "train": True, "status": "ok", "kind": "static",
+                                 "result": {"rows": [row("eager", 10), row("brrr", 11), row("inductor", 20)]}}}}
+    s = report.summary(results)
+    assert s["pass_rate"] == 1.0 and s["worst"]["config"] == "b" and abs(s["worst"]["brrr_over_eager"] - 10 / 11) < 1e-9
+    assert s["slower_than_eager"] == ["b: 1.10x eager's time"]
+    assert abs(s["geomean"]["brrr over inductor, inference"] - 0.8) < 1e-9
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n{report.README_BEGIN}\nold\n{report.README_END}\nafter\n")
+    report.update_readme(readme, results, "benchmarks/results/zoo/x.json")
+    text = readme.read_text()
+    assert "old" not in text and "| a | 10.00 | 5.00 (2.00x) | 4.00 (2.50x) |" in text and text.endswith("after\n")

@@ -1,0 +1,118 @@
+"""Conv nets: pooling as window reductions and a ResNet-style block in channels_last, forward and backward,
+against eager (values, strides), with no op left to ATen but the convolutions."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import brrr
+from tests.compile.helpers import compiled
+from tests.compile.test_layout import plans
+
+POOLS = {
+    "max_pool": lambda x: F.max_pool2d(x, 3, 2, 1),
+    "max_pool_dilated": lambda x: F.max_pool2d(x, 3, 1, 1, dilation=2),
+    "max_pool_ceil": lambda x: F.max_pool2d(x, 3, 2, 0, ceil_mode=True),
+    "avg_pool": lambda x: F.avg_pool2d(x, 3, 2, 1),
+    "avg_pool_no_pad_count": lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+    "avg_pool_divisor": lambda x: F.avg_pool2d(x, 2, divisor_override=3),
+    "adaptive_avg_pool_1": lambda x: F.adaptive_avg_pool2d(x, 1),
+    "adaptive_avg_pool_uneven": lambda x: F.adaptive_avg_pool2d(x, (4, 5)),
+}
+FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("name", list(POOLS))
+def test_pooling_forward_and_backward_match_eager(name, fmt):
+    f = POOLS[name]
+    x = torch.randn(2, 4, 7, 9).to(memory_format=FORMATS[fmt])
+    if name.startswith("max"):
+        x[0, 0, 1, 1] = float("nan")            # NaN wins the window, as in eager
+    xr, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ref = f(xr)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)   # no op runs as ATen
+        out = compiled(f)(xc)
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    out.backward(g)
+    torch.testing.assert_close(out, ref, equal_nan=True)
+    torch.testing.assert_close(xc.grad, xr.grad)
+    assert out.stride() == ref.stride() and xc.grad.stride() == xr.grad.stride()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_max_pool_indices_match_eager_on_ties_and_nans(dtype):
+    f = lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True)   # noqa: E731
+    x = torch.randint(-2, 2, (2, 4, 7, 9)).to(dtype).to(memory_format=torch.channels_last)
+    x[0, 0, 1, 1:3] = float("nan")     # the last NaN of a window is its index
+    x[1, 1] = float("-inf")            # all -inf: the first element inside the input
+    (values, indices), (ref_values, ref_indices) = compiled(f)(x), f(x)
+    assert torch.equal(indices, ref_indices) and indices.stride() == ref_indices.stride()
+    torch.testing.assert_close(values, ref_values, equal_nan=True)
+
+
+class Block(nn.Module):
+    """conv, BN, ReLU, conv, BN, residual add, ReLU, max-pool (ResNet's basic block and stem pool)."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return self.pool(F.relu(y + x))
+
+
+def _block(seed=0):
+    torch.manual_seed(seed)
+    model = Block().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 8, 10, 10).to(memory_format=torch.channels_last)
+    return model, x
+
+
+def test_resnet_block_channels_last_training_matches_eager():
+    model, x = _block()
+    twin, _ = _block()
+    xr, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        out = compiled(model)(xc)
+    ref = twin(xr)
+    g = torch.randn_like(ref)
+    out.backward(g)
+    ref.backward(g)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    assert out.stride() == ref.stride() and xc.grad.stride() == xr.grad.stride()
+    torch.testing.assert_close(xc.grad, xr.grad, rtol=1e-4, atol=1e-5)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+    for a, b in zip(model.buffers(), twin.buffers()):   # running statistics
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_resnet_block_channels_last_inference_has_no_layout_changes():
+    model, x = _block()
+    model.eval()
+    with torch.no_grad():
+        ref = model(x)
+        out = compiled(model)(x)
+        planned = plans(model, x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    assert out.stride() == ref.stride()
+    (kind, plan, kernels), = planned
+    externs = [step.fx.target.__name__ for step_kind, step in plan.steps if step_kind == "aten"]
+    assert all(name.startswith("convolution") for name in externs)   # nothing else runs as ATen
+    for step_kind, k in plan.steps:
+        if step_kind == "kernel":
+            assert not k.tile                                     # no kernel converts between layouts
+    assert any("bn" in ks.name and "relu" in ks.name for ks in kernels.values())
+    ex = brrr.explain(model, x)
+    assert not ex.fallbacks and any("max_pool2d" in k.name for k in ex.kernels)

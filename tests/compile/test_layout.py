@@ -1,0 +1,257 @@
+"""Memory order: kernels walk their space in the order of what they store (brrr.compile.layout), and give
+eager's values, strides and dtypes on channels_last, transposed, sliced and expanded inputs."""
+
+import pytest
+import torch
+
+from brrr.compile import ir
+from brrr.compile.backend import make_backend
+from brrr.compile.indexing import Ix, linear
+from tests.compile.helpers import compiled
+
+
+def plans(fn, *inputs):
+    """[(graph kind, Plan, {Kernel: KernelSource})] brrr makes of `fn(*inputs)` (planned, nothing run)."""
+    sink = PlanSink()
+    torch.compile(fn, backend=make_backend(_sink=sink), dynamic=False)(*inputs)
+    return sink.plans
+
+
+class PlanSink:
+    """Keeps what the backend planned; a graph it fell back on fails the test that expected kernels."""
+
+    def __init__(self):
+        self.plans = []
+
+    def planned(self, kind, gm, plan, kernels):
+        self.plans.append((kind, plan, kernels))
+
+    def fell_back(self, scope, reason):
+        raise AssertionError(f"brrr fell back ({scope}): {reason}")
+
+
+def kernels_of(fn, *inputs):
+    return [k for _, plan, _ in plans(fn, *inputs) for kind, k in plan.steps if kind == "kernel"]
+
+
+def store_index(kernel, node):
+    """The index a kernel stores `node` at, as an Ix of xindex / rindex."""
+    idx = kernel.row_index(node.shape) if kernel.is_row(node) else kernel.full_index()
+    return linear(idx, node.stride)
+
+
+def channels_last(*shape):
+    return torch.randn(*shape).to(memory_format=torch.channels_last)
+
+
+INPUTS = {
+    "channels_last": lambda: channels_last(2, 8, 5, 3),
+    "transposed": lambda: torch.randn(3, 5, 8, 2).permute(3, 2, 1, 0),
+    "sliced": lambda: torch.randn(4, 10, 5, 7)[::2, 1:9, :, 2:5],
+    "expanded": lambda: torch.randn(2, 8, 1, 3).expand(2, 8, 5, 3),
+}
+
+
+def assert_like_eager(out, ref, tol=1e-5):
+    """values (eager rounds half types after every op, brrr once on store: `tol`), strides, dtypes"""
+    outs, refs = (out, ref) if isinstance(ref, tuple) else ((out,), (ref,))
+    for o, r in zip(outs, refs):
+        assert o.dtype == r.dtype and o.shape == r.shape
+        assert o.stride() == r.stride(), (o.stride(), r.stride())
+        torch.testing.assert_close(o, r, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("make", list(INPUTS), ids=list(INPUTS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_pointwise_keeps_values_strides_and_dtypes(make, dtype):
+    x = INPUTS[make]().to(dtype)
+    y = channels_last(2, 8, 5, 3).to(dtype)
+    w = torch.randn(8, 1, 1)
+
+    def f(x, y):
+        return torch.relu(x * w + y), (x + 1).to(torch.float16)
+    assert_like_eager(compiled(f)(x, y), f(x, y), 1e-5 if dtype == torch.float32 else 1.6e-2)
+
+
+@pytest.mark.parametrize("make", list(INPUTS), ids=list(INPUTS))
+def test_reductions_keep_values_strides_and_dtypes(make):
+    x = INPUTS[make]()
+
+    def f(x):
+        return x.sum((0, 2, 3)), x.amax(1, keepdim=True), x.mean((2, 3), keepdim=True), torch.softmax(x, 1)
+    assert_like_eager(compiled(f)(x), f(x))
+
+
+@pytest.mark.parametrize("make", list(INPUTS), ids=list(INPUTS))
+def test_transposes_keep_values_strides_and_dtypes(make):
+    x = INPUTS[make]()
+
+    def f(x):
+        return (x.permute(0, 2, 3, 1).contiguous(), x.contiguous(), x.contiguous(memory_format=torch.channels_last),
+                x.transpose(1, 3) * 2)
+    assert_like_eager(compiled(f)(x), f(x))
+
+
+def test_channels_last_kernel_stores_at_the_plain_flat_index():
+    x, w = channels_last(2, 8, 5, 3), torch.randn(8, 1, 1)
+    (kernel,) = kernels_of(lambda x: torch.relu(x * w + 1), x)
+    (out,) = kernel.roots
+    assert out.stride == x.stride()                       # eager's layout
+    assert store_index(kernel, out) == Ix.var("xindex", x.numel())
+    assert kernel.order == (1, 3, 2, 0)                   # C, W, H, N: innermost first
+
+
+def test_transposed_output_walks_its_own_order():
+    x = torch.randn(6, 10)
+    (kernel,) = kernels_of(lambda x: x.t() * 2, x)        # eager's result has x's layout, seen transposed
+    (out,) = kernel.roots
+    assert kernel.order == (0, 1)
+    assert store_index(kernel, out) == Ix.var("xindex", x.numel())
+
+
+def test_buffers_only_kernels_read_are_dense_in_their_writers_order():
+    x = torch.randn(5, 4, 3).permute(2, 1, 0)            # [3, 4, 5], dim 0 innermost
+
+    def f(x):
+        m = x.sum(2)                                      # read by the next kernel only
+        return m.unsqueeze(2) * torch.ones(3, 4, 7)
+    first, _ = kernels_of(f, x)
+    (m,) = first.roots
+    assert x.sum(2).stride() == (4, 1) and m.stride == (1, 3)   # not eager's: the layout its kernel writes
+    assert store_index(first, m) == Ix.var("xindex", 12)
+    torch.testing.assert_close(compiled(f)(x), f(x))
+
+
+@pytest.mark.parametrize("case", ["transpose", "to_channels_last", "from_channels_last"])
+def test_layout_changes_load_and_store_through_a_tile(case):
+    x, f = {"transpose": (torch.randn(48, 40), lambda x: x.t().contiguous()),
+            "to_channels_last": (torch.randn(2, 8, 5, 6), lambda x: x.contiguous(memory_format=torch.channels_last)),
+            "from_channels_last": (channels_last(2, 8, 5, 6), lambda x: x.contiguous())}[case]
+    (kernel,) = kernels_of(f, x)
+    (out,) = kernel.roots
+    xn, yn = kernel.tile_numels()
+    assert kernel.tile and xn > 1 and yn > 1
+    xs, ys = Ix.var("xindex", xn), Ix.var("yindex", yn)
+    assert store_index(kernel, out) == xs + ys * xn                       # stores contiguous along x
+    (load,) = [v for v in ir.walk(out.fn(kernel.full_index())) if isinstance(v, ir.Load)]
+    # loads contiguous along y: neighbouring yindex, neighbouring addresses (up to a wrap: yindex % (H * W))
+    assert any(t.base == "yindex" and t.div == 1 and t.coeff == 1 for t in load.index.terms)
+    assert_like_eager(compiled(f)(x), f(x))
+
+
+# ------------------------------------------------------------------------------------------- reductions
+
+@pytest.mark.parametrize("memory_format, column", [(torch.contiguous_format, False), (torch.channels_last, True)],
+                         ids=["contiguous", "channels_last"])
+def test_row_or_column_reduction_follows_memory_order(memory_format, column):
+    x = torch.randn(2, 8, 6, 5).to(memory_format=memory_format)
+    (kernel,) = kernels_of(lambda x: x.sum((0, 2, 3)), x)
+    assert kernel.dims == (0, 2, 3) and kernel.is_column() == column
+    # at batch-norm size: channels_last columns split into [chunk, rows, channels] partials and a final
+    # column kernel; contiguous rows (256 of them) stay one row kernel
+    big = torch.empty(64, 256, 56, 56, device="meta").to(memory_format=memory_format)
+    ks = kernels_of(lambda x: x.sum((0, 2, 3)), big)
+    if column:
+        partial, final = ks
+        assert partial.is_column() and partial.shape[-1] == 256 and final.is_column()
+    else:
+        (kernel,) = ks
+        assert kernel.shape == (64, 256, 56, 56) and not kernel.is_column()
+
+
+def test_batch_norm_statistics_read_channels_last_input_once():
+    x = torch.empty(64, 256, 56, 56, dtype=torch.bfloat16, device="meta").to(memory_format=torch.channels_last)
+    mean, var = torch.empty(256, device="meta"), torch.empty(256, device="meta")
+    ks = kernels_of(lambda x: torch.nn.functional.batch_norm(x, mean, var, training=True), x)
+    reads_x = [k for k in ks if k.dims and k.shape[-1] == 256 and len(k.shape) == 3]
+    assert len(reads_x) == 1 and reads_x[0].is_column()   # sum and sum of squares in one pass over x
+    assert len(reads_x[0].roots) >= 2
+
+
+@pytest.mark.parametrize("shape, dims", [((8, 16, 16, 16), (0, 2, 3)), ((4, 64, 64, 64), (0, 2, 3)),
+                                         ((2, 40000), (1,))], ids=["column", "column-split", "row-split"])
+def test_variance_in_one_pass_matches_eager(shape, dims):
+    x = torch.randn(*shape) * 2 + 1000             # far from 0: the shift keeps the squares from cancelling
+    if len(shape) == 4:
+        x = x.to(memory_format=torch.channels_last)
+    f = lambda x: torch.var_mean(x, dims, keepdim=True)   # noqa: E731
+    assert_like_eager(compiled(f)(x), f(x), tol=2e-5)
+
+
+# ------------------------------------------------------------------------------------------------ names
+
+def test_kernels_are_named_after_what_they_fuse():
+    import brrr
+    bn = torch.nn.BatchNorm2d(8).eval()
+    x = channels_last(2, 8, 4, 4)
+    with torch.no_grad():
+        ex = brrr.explain(lambda x, y: torch.relu(bn(x) + y), x, x)
+    assert [k.name for k in ex.kernels] == ["inference.brrr_bn_add_relu_0"]
+    assert "def brrr_bn_add_relu_0(" in ex.kernels[0].source
+    ln = torch.nn.LayerNorm(16)
+    ex = brrr.explain(lambda x, y: torch.softmax(ln(x + y), -1) + y.sum(0), torch.randn(4, 16), torch.randn(4, 16))
+    names = [k.name.split(".")[1] for k in ex.kernels]
+    assert len(set(names)) == len(names) and all(n.isidentifier() for n in names)
+    assert names[0].startswith("brrr_layer_norm_") and any("softmax" in n for n in names)
+    for _, _, why in ex.refusals:   # refusals name kernels as explain lists them
+        assert "inference.brrr_" in why or "kernel" not in why
+
+
+# ------------------------------------------------------------------------------- what the GPU would run
+
+_COMPILE_FOR_SM90 = """
+import importlib.util, json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+path, name, pointers, meta = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+spec = importlib.util.spec_from_file_location("kernel_under_test", path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+fn = getattr(module, name)
+kinds = iter(pointers)
+sig = {p: "constexpr" if p.endswith("BLOCK") else next(kinds) for p in fn.arg_names}
+attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.arg_names) if not p.endswith("BLOCK")}
+consts = {(fn.arg_names.index(k),): v for k, v in meta.items() if k.endswith("BLOCK")}
+ptx = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                     options={"num_warps": meta["num_warps"]}).asm["ptx"]
+print(json.dumps([sorted(set(re.findall(op + r"\\.global(?:\\.[a-z0-9]+)*", ptx))) for op in ("ld", "st")]))
+"""
+
+
+def _ptx_memory_ops(ks, tmp_path):
+    """The global load/store instructions of KernelSource `ks` compiled for sm_90 (no GPU needed: Triton's
+    NVIDIA backend and ptxas), with 16-byte aligned pointers as the runtime's allocations are. In a process
+    of its own: the interpreter these tests run under replaces parts of triton.language."""
+    import json
+    import os
+    import subprocess
+    import sys
+    path = tmp_path / f"{ks.name}.py"
+    path.write_text(ks.source)
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int64: "i64"}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(path), ks.name,
+                           json.dumps(["*" + names[a.dtype] for a in ks.args]), json.dumps(ks.meta)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loads, stores = json.loads(done.stdout.strip().splitlines()[-1])
+    return set(loads), set(stores)
+
+
+def test_layout_kernels_vectorize_on_the_gpu(tmp_path):
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    x = torch.empty(8, 64, 16, 16, dtype=torch.bfloat16, device="meta").to(memory_format=torch.channels_last)
+    c = torch.empty(64, dtype=torch.bfloat16, device="meta")
+    cases = [
+        (lambda x, m, v: torch.relu(torch.nn.functional.batch_norm(x, m, v, c, c)), (x, c, c), True),
+        (lambda x: x.t().contiguous(), (torch.empty(256, 192, dtype=torch.bfloat16, device="meta"),), True),
+        (lambda x: torch.var_mean(x, (0, 2, 3), correction=0), (x,), False),   # a column reduction's loads
+    ]
+    for fn, inputs, vector_stores in cases:
+        (_, _, kernels), = plans(fn, *inputs)
+        ks = next(iter(kernels.values())) if len(kernels) == 1 else \
+            next(ks for k, ks in kernels.items() if len(k.shape) == 4)
+        loads, stores = _ptx_memory_ops(ks, tmp_path)
+        assert loads == {"ld.global.v4.b32"}, (ks.name, loads)             # 16-byte loads: 8 bf16 lanes
+        assert not vector_stores or stores == {"st.global.v4.b32"}, (ks.name, stores)
