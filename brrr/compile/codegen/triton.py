@@ -185,6 +185,10 @@ class Codegen:
             return self.widen(self.narrow(a[0], v.dtype), v.dtype)
         template, helpers = mathops.template(n, mathops.operand_kind(dts))
         self.helpers.update(helpers)
+        if helpers:   # shim helpers take tensors (shape, tl.where): a constant operand (2.0 ** x) becomes a
+            # one-element one (0-d tensors break `&` with blocks in the interpreter)
+            a = [f"tl.full([1], {x}, {TL[compute_dtype(c.dtype)]})" if isinstance(c, ir.Const) else x
+                 for x, c in zip(a, v.args)]
         return template.format(*a)
 
     def narrow(self, x, dtype):
