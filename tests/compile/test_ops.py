@@ -79,3 +79,16 @@ def test_op_matches_eager(name, dtype):
         ref = fn(*args)
         out = compiled(fn)(*args)
         _compare(out, ref, dtype)
+
+
+def test_masks_from_a_constant_index_are_blocks():
+    # a circular pad reads one wrapped column at a constant index; comparisons of it built masks that were
+    # Python bools, and `block & True` is no int1 mask in the interpreter (bool pads, 1-d pooling backward)
+    x = torch.randn(3, 3, 3) > 0
+    pad = lambda x: torch.nn.functional.pad(x, (1, 2), mode="circular")   # noqa: E731
+    assert torch.equal(compiled(pad)(x), pad(x))
+    torch._dynamo.reset()
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    pool = lambda x: torch.nn.functional.avg_pool1d(x, 3, 2).sum()   # noqa: E731
+    g, = torch.autograd.grad(compiled(pool)(x), x)
+    torch.testing.assert_close(g, torch.autograd.grad(pool(x), x)[0])

@@ -150,6 +150,8 @@ class Codegen:
             return self.tmp(scope, expr, rdep), rdep
         if isinstance(v, ir.IndexValue):
             idx, rdep = self.index(scope, v.index)
+            if "xindex" not in idx and "rindex" not in idx and all(isinstance(b, str) for b in v.index.bases()):
+                idx = f"{idx} + xindex * 0"   # a constant index: a block, so masks built from it are blocks of int1
             return self.tmp(scope, f"({idx})", rdep), rdep
         if isinstance(v, ir.Rand):
             seed = self.ptr(v.seed_buf, self.inputs, "in_ptr")
