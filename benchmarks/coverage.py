@@ -96,6 +96,11 @@ THEMES = [   # (theme of an ATen op brrr has no lowering for, name patterns)
                                                        r"|^index_add|^index_copy|^masked_scatter"),
     ("random sampling", r"^rand|^normal|^bernoulli|^multinomial|^poisson|^exponential|^geometric|^cauchy"
                         r"|^log_normal|^uniform|^_standard_gamma|^binomial"),
+    ("pooling, resampling and padding backward (3-d, adaptive max, fractional, grid sampling, antialiasing)",
+     r"pool|^grid_sampler|^_upsample|^replication_pad"),
+    ("`*_copy` forms of views", r"_copy$"),
+    ("integer bit and number-theory ops", r"shift|^gcd$|^lcm$|^nextafter$"),
+    ("histograms", r"^histogram|^_histogramdd"),
 ]
 
 
