@@ -307,8 +307,10 @@ def docs_page(rows, commit, date, table_path):
            "(a designed extern, matmul, conv or attention, counts as brrr's); one op of one sample falling back "
            "is enough to count it out;",
            "- a **case** is one OpInfo in one dtype, forward or backward, with the same rule over its samples;",
-           "- the target is 90% of both; linalg, fft, complex dtypes and data-dependent shapes are the bulk of "
-           "the gap (below).", "",
+           "- the target is 90% of both. The gap is listed below by reason, largest first: mostly ops brrr has "
+           "no lowering for (linear algebra, special functions, complex numbers and FFT, scatter and indexed "
+           "writes, random sampling, sorting, scans), then forms of lowered ops it refuses (`index_put` other "
+           "than an accumulating one-index write, advanced indexing) and data-dependent output shapes.", "",
            f"Per case, per op family and per OpInfo: [{os.path.basename(table_path)}]({rel}).", "",
            "## What still runs as ATen, by reason", "",
            "Each ATen op that fell back somewhere in the sweep, with the OpInfos it fell back in.", ""]
