@@ -224,13 +224,14 @@ def linear(idx, strides, offset=0):
 
 def unflatten(flat, shape, order=None):
     """Per-dim indices of a flat index into `shape`, numbered over `order` (dims innermost first; default
-    row-major, the last dim innermost). The outermost dim of size > 1 needs no modulo: the flat index is in range."""
+    row-major, the last dim innermost). The outermost dim of size > 1 needs no modulo: the flat index is in range.
+    A shape with a 0 has no elements: its dims of size 0 index nothing (0, never a modulo by 0)."""
     order = tuple(reversed(range(len(shape)))) if order is None else order
     idx, stride = [Ix()] * len(shape), 1
-    outermost = next((d for d in reversed(order) if shape[d] != 1), None)
+    outermost = next((d for d in reversed(order) if shape[d] > 1), None)
     for d in order:
         size = shape[d]
-        if size != 1:
+        if size > 1:
             idx[d] = flat // stride if d == outermost else (flat // stride) % size
         stride *= max(size, 1)
     return idx

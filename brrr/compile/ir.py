@@ -123,9 +123,17 @@ class Node:
 
 
 def is_host_view(node):
-    """A view of a materialized tensor, run as the ATen view it is rather than as an index rewrite."""
+    """A view of a materialized tensor, run as the ATen view it is rather than as an index rewrite. Only an op
+    whose result really aliases its input qualifies (the runtime folds a chain of them into one as_strided); any
+    other index rewrite (flip: no strides express it) is computed by a kernel."""
     return node.view_of is not None and node.kind == "pointwise" and node.fx is not None \
-        and node.fx.op == "call_function"
+        and node.fx.op == "call_function" and aliases_input(node.fx.target)
+
+
+def aliases_input(target):
+    """Whether ATen op `target` returns a view of its input (its schema says so; `_unsafe_view` is a view that
+    autograd does not track)."""
+    return bool(getattr(target, "is_view", False)) or getattr(target, "__name__", "").startswith("_unsafe_view")
 
 
 def buffer(name, shape, stride, dtype, producer, fx=None, offset=0, **kw):

@@ -73,6 +73,9 @@ OPS = {
     "asin": _float("atan2({0}, tl.sqrt((1.0 - {0}) * (1.0 + {0})))", "atan", "atan2"),
     "acos": _float("atan2(tl.sqrt((1.0 - {0}) * (1.0 + {0})), {0})", "atan", "atan2"),
     "sinh": _float("0.5 * (tl.exp({0}) - tl.exp(-{0}))"), "cosh": _float("0.5 * (tl.exp({0}) + tl.exp(-{0}))"),
+    "acosh": _float("acosh({0})", "acosh", "log1p"), "asinh": _float("asinh({0})", "asinh", "log1p"),
+    "atanh": _float("atanh({0})", "atanh", "log1p"), "hypot": _float("hypot({0}, {1})", "hypot"),
+    "copysign": _float("tl.where(signbit({1}), -tl.abs({0}), tl.abs({0}))", "signbit"),
     "tanh": _float("tanh({0})", "tanh"),
     "sigmoid": _float("tl.sigmoid({0})"), "silu": _float("{0} * tl.sigmoid({0})"),
     "erf": _float("tl.math.erf({0})"), "erfc": _float("1.0 - tl.math.erf({0})"),
@@ -82,6 +85,7 @@ OPS = {
     "pow": _float("pow({0}, {1})", "pow"),
     # predicates
     "isnan": {FLOAT: _t("{0} != {0}"), INT: _t("{0} != {0}"), BOOL: _t("{0} != {0}")},
+    "signbit": {FLOAT: _t("signbit({0})", "signbit"), INT: _t("{0} < 0"), BOOL: _t("{0} != {0}")},
     "isinf": {FLOAT: _t("tl.abs({0}) == float('inf')"), INT: _t("{0} != {0}"), BOOL: _t("{0} != {0}")},
     "logical_not": _any("{0} == 0"),
     "bitwise_not": {INT: _t("~{0}"), BOOL: _t("{0} == 0")},

@@ -92,3 +92,40 @@ def test_atan2_in_every_quadrant_with_signed_zeros_and_infinities():
     ref = torch.atan2(y, x)
     torch.testing.assert_close(out, ref, rtol=3e-7, atol=3e-7, equal_nan=True)
     assert torch.equal(torch.signbit(out[~ref.isnan()]), torch.signbit(ref[~ref.isnan()]))
+
+
+@pytest.mark.parametrize("shape", [(), (7,)])
+def test_pow_with_a_constant_exponent(shape):
+    # x ** 5.0 calls the shim's pow with a Python float exponent (linalg.vector_norm(ord=6)'s backward)
+    x = torch.randn(shape)
+    for f in (lambda x: x ** 5.0, lambda x: torch.pow(x, -3.0), lambda x: x.abs() ** 0.3):
+        torch._dynamo.reset()
+        torch.testing.assert_close(compiled(f)(x), f(x))
+
+
+@pytest.mark.parametrize("fn", [torch.acosh, torch.asinh, torch.atanh], ids=lambda f: f.__name__)
+def test_inverse_hyperbolics_at_special_values(fn):
+    x = torch.tensor(SPECIAL_VALUES + torch.linspace(-20, 20, 101).tolist() + [1.0001, 1e-4, -1e-6, 1e20, -1e20])
+    torch.testing.assert_close(compiled(fn)(x), fn(x), rtol=2e-6, atol=1e-6, equal_nan=True)
+
+
+def test_copysign_hypot_signbit_ldexp_round_decimals():
+    v = torch.tensor(SPECIAL_VALUES)
+    a, b = torch.meshgrid(v, v, indexing="ij")
+    for f in (torch.copysign, torch.hypot, lambda a, b: torch.signbit(a) ^ torch.signbit(b),
+              lambda a, b: torch.ldexp(a, b.clamp(-20, 20).round()), lambda a, b: torch.round(a * 7.123, decimals=2),
+              lambda a, b: torch.round(a * 7123.4, decimals=-2)):
+        torch._dynamo.reset()
+        out, ref = compiled(f)(a, b), f(a, b)
+        torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6, equal_nan=True)
+        if ref.is_floating_point():
+            same = ~ref.isnan()
+            assert torch.equal(torch.signbit(out[same]), torch.signbit(ref[same]))
+
+
+def test_shim_helpers_take_a_constant_operand():
+    # 2.0 ** x (ldexp's and logaddexp2's backward) hands the shim's pow a constant base: helpers get tensors
+    x = torch.randn(7)
+    for f in (lambda x: torch.pow(2.0, x), lambda x: torch.copysign(x, -1.0), lambda x: torch.pow(-2.0, x.round())):
+        torch._dynamo.reset()
+        torch.testing.assert_close(compiled(f)(x), f(x))

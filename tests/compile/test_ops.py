@@ -79,3 +79,28 @@ def test_op_matches_eager(name, dtype):
         ref = fn(*args)
         out = compiled(fn)(*args)
         _compare(out, ref, dtype)
+
+
+def test_masks_from_a_constant_index_are_blocks():
+    # a circular pad reads one wrapped column at a constant index; comparisons of it built masks that were
+    # Python bools, and `block & True` is no int1 mask in the interpreter (bool pads, 1-d pooling backward)
+    x = torch.randn(3, 3, 3) > 0
+    pad = lambda x: torch.nn.functional.pad(x, (1, 2), mode="circular")   # noqa: E731
+    assert torch.equal(compiled(pad)(x), pad(x))
+    torch._dynamo.reset()
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    pool = lambda x: torch.nn.functional.avg_pool1d(x, 3, 2).sum()   # noqa: E731
+    g, = torch.autograd.grad(compiled(pool)(x), x)
+    torch.testing.assert_close(g, torch.autograd.grad(pool(x), x)[0])
+
+
+def test_zero_size_intermediate_read_by_two_iteration_spaces():
+    # the scheduler's store-or-recompute check builds the node's value at a flat index: a 0 between sizes > 1
+    # made that a modulo by zero (svd's backward); a shape with a 0 has no elements to index
+    x = torch.randn(3, 0, 2)
+
+    def f(x):
+        y = x.exp()
+        return y * 2, y.sum(-1)
+    for out, ref in zip(compiled(f)(x), f(x)):
+        assert out.shape == ref.shape

@@ -200,3 +200,71 @@ def test_folded_views_match_eager_on_extern_inputs():
         return torch.mm(z.t(), z[:, 3:11].contiguous().t().contiguous().t())
     x, w = torch.randn(4, 8), torch.randn(8, 16)
     torch.testing.assert_close(compiled(f)(x, w), f(x, w))
+
+
+def test_flip_is_computed_not_folded_into_a_view():
+    # flip has no strides that express it: as a "view" its chain with permute folded into one as_strided
+    # and the flip disappeared (rot90 was wrong in 80% of its elements)
+    t = torch.randn(5, 4, 3)
+    for f in (lambda t: (t * 2).flip([0]).permute(2, 1, 0), lambda t: torch.rot90(t * 2, 1, [0, 2]),
+              lambda t: torch.rot90(t, 2, [1, 2]), lambda t: (t + 1).flip([0, 2]).t() if t.dim() == 2 else t):
+        torch._dynamo.reset()
+        torch.testing.assert_close(compiled(f)(t), f(t))
+    plan = brrr.explain(lambda t: (t * 2).flip([0]).permute(2, 1, 0), t)
+    assert any("flip" in k.ops for k in plan.kernels)
+
+
+def test_every_host_view_aliases_its_input():
+    from brrr.compile import ir
+
+    class Target:
+        def __init__(self, name, is_view):
+            self.__name__, self.is_view = name, is_view
+    assert ir.aliases_input(torch.ops.aten.permute.default) and ir.aliases_input(torch.ops.aten._unsafe_view.default)
+    assert not ir.aliases_input(torch.ops.aten.flip.default) and not ir.aliases_input(Target("roll", False))
+
+
+def test_as_strided_of_a_graph_input_reads_the_callers_storage():
+    # as_strided addresses the input's storage: a graph input's storage offset is the caller's (an autograd
+    # tangent's differs from the traced one), so a kernel reading at the traced offset read outside the tensor
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from brrr.compile.backend import compile_graph
+    f = lambda x: (torch.as_strided(x, (3,), (1,), 0) * 2,)  # noqa: E731
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(4)[1:])    # traced with storage offset 1
+    x = torch.randn(3)                                          # called with storage offset 0
+    torch.testing.assert_close(compile_graph(gm, [x])([x]), f(x))
+
+
+def test_reductions_of_index_values_reduce_in_int64():
+    # an arange is an int32 index in registers: a min with int64's identity did not fit (multilabel_margin_loss)
+    x = torch.randn(3, 7)
+    f = lambda x: torch.where(x > 0, torch.arange(7), 7).amin(-1) + torch.arange(7).expand(3, 7).sum(-1)  # noqa: E731
+    torch.testing.assert_close(compiled(f)(x), f(x))
+    u = torch.rand(3, 7)   # ...while an arg-reduction over floats compares the floats, not their integer parts
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled(lambda u: u.max(-1))(u), u.max(-1))
+
+
+@pytest.mark.parametrize("ord", [2, 1, float("inf"), float("-inf"), 0, 3, 0.5, -1])
+def test_vector_norms_of_every_order_run_in_kernels(ord):
+    x = torch.randn(6, 33)
+    x[0, :5] = 0
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        f = lambda x: torch.linalg.vector_norm(x, ord, dim=-1) + torch.linalg.vector_norm(x, ord, dim=0).sum()  # noqa: E731
+        torch._dynamo.reset()
+        torch.testing.assert_close(compiled(f)(x.to(dtype)), f(x.to(dtype)), rtol=tol, atol=tol)
+    assert not brrr.explain(f, x).fallbacks
+
+
+def test_slice_select_diagonal_scatters_and_repeat_run_in_kernels():
+    x, s = torch.randn(7, 9), torch.randn(7, 3)
+    aten = torch.ops.aten
+    fs = [lambda x, s: aten.slice_scatter(x, s, 1, 1, 8, 3), lambda x, s: aten.slice_scatter(x, s, 1, -8, None, 3),
+          lambda x, s: aten.slice_scatter(x, x[:2] * 3, 0, 5, 100),
+          lambda x, s: aten.select_scatter(x, s[:, 1], 1, -2), lambda x, s: aten.diagonal_scatter(x, s[:6, 0], -1),
+          lambda x, s: aten.diagonal_scatter(x, s[:, 0], 2), lambda x, s: s.repeat(2, 1, 3) * 2]
+    for f in fs:
+        torch._dynamo.reset()
+        torch.testing.assert_close(compiled(f)(x, s), f(x, s))
+        assert not brrr.explain(f, x, s).fallbacks

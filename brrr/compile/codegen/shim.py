@@ -50,7 +50,9 @@ def atan2(y, x):
     "pow": '''
 @triton.jit
 def pow(x, y):
-    # x ** y for float tensors, with torch's signs for negative bases and integral exponents
+    # x ** y for float tensors, with torch's signs for negative bases and integral exponents; y may be a
+    # constant (x ** 5.0)
+    y = tl.zeros_like(x) + y
     r = tl.exp2(y * tl.log2(tl.abs(x)))
     y_int = tl.math.floor(y) == y
     y_odd = y_int & ((tl.math.floor(y * 0.5) * 2.0) != y)
@@ -59,13 +61,76 @@ def pow(x, y):
     r = tl.where(y == 0, 1.0, r)
     return r
 ''',
+    "acosh": '''
+@triton.jit
+def acosh(x):
+    # log1p((x - 1) + sqrt((x - 1)(x + 1))): exact near 1; log(x) + log(2) where x * x would overflow
+    big = x > 1e18
+    xs = tl.where(big, 2.0, x)
+    t = xs - 1.0
+    r = log1p(t + tl.sqrt(t * (xs + 1.0)))
+    r = tl.where(x < 1.0, float("nan"), r)
+    return tl.where(big, tl.log(x) + 0.6931471805599453, r)
+''',
+    "asinh": '''
+@triton.jit
+def asinh(x):
+    # odd: log1p(a + a^2 / (1 + sqrt(1 + a^2))) for a = |x|, exact near 0; log(a) + log(2) where a^2 overflows
+    a = tl.abs(x)
+    big = a > 1e18
+    s = tl.where(big, 1.0, a)
+    r = log1p(s + s * s / (1.0 + tl.sqrt(1.0 + s * s)))
+    r = tl.where(big, tl.log(a) + 0.6931471805599453, r)
+    return tl.where(x < 0, -r, r)
+''',
+    "atanh": '''
+@triton.jit
+def atanh(x):
+    return 0.5 * log1p(2.0 * x / (1.0 - x))
+''',
+    "signbit": '''
+@triton.jit
+def signbit(x):
+    # x < 0, and -0.0 too
+    return (x < 0) | ((x == 0) & ((1.0 / tl.where(x == 0, x, 1.0)) < 0))
+''',
+    "hypot": '''
+@triton.jit
+def hypot(a, b):
+    # sqrt(a^2 + b^2) without overflow: max * sqrt(1 + (min / max)^2); inf wins over NaN, as in C
+    x = tl.abs(a)
+    y = tl.abs(b)
+    big = tl.where(x > y, x, y)
+    small = tl.where(x > y, y, x)
+    r = small / tl.where(big == 0, 1.0, big)
+    h = tl.where(big == 0, 0.0, big * tl.sqrt(1.0 + r * r))
+    h = tl.where((x != x) | (y != y), float("nan"), h)
+    return tl.where((x == float("inf")) | (y == float("inf")), float("inf"), h)
+''',
     "round_half_even": '''
 @triton.jit
 def round_half_even(x):
     r = tl.math.floor(x + 0.5)
     tie = (r - x) == 0.5
     odd = (tl.math.floor(r * 0.5) * 2.0) != r
-    return tl.where(tie & odd, r - 1.0, r)
+    r = tl.where(tie & odd, r - 1.0, r)
+    return tl.where(r == 0, x * 0.0, r)   # a zero keeps x's sign: round(-0.3) is -0.0
+''',
+    # Exact bfloat16 conversions for the Triton interpreter, as bit manipulations: its own fp32 -> bf16 cast
+    # truncates, and both directions lose subnormals. Compiled kernels use Triton's casts, which are exact.
+    "bf16_rne": '''
+@triton.jit
+def bf16_rne(x):
+    # to bfloat16 rounded to nearest even, as eager does (overflow rounds to inf, NaN stays NaN)
+    bits = tl.cast(x, tl.float32).to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    rounded = tl.where(x != x, 0x7FC0, rounded)
+    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+''',
+    "bf16_to_fp32": '''
+@triton.jit
+def bf16_to_fp32(x):
+    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
 ''',
     "trunc": '''
 @triton.jit

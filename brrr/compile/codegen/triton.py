@@ -10,6 +10,7 @@ computed in fp32 for fp16/bf16 and rounded once on store; indices are int32 unle
 """
 
 import math
+import os
 
 import torch
 
@@ -54,8 +55,9 @@ class Scope:
 
 
 class Codegen:
-    def __init__(self, kernel, stored, load_stored, kernel_of):
+    def __init__(self, kernel, stored, load_stored, kernel_of, interpreted=False):
         self.k = kernel
+        self.interpreted = interpreted       # kernels run in the Triton interpreter (TRITON_INTERPRET=1)
         self.stored = stored                 # nodes written to memory (by any kernel)
         self.load_stored = load_stored       # stored nodes produced by earlier kernels: load, don't recompute
         self.kernel_of = kernel_of
@@ -144,14 +146,18 @@ class Codegen:
             expr = f"tl.load({p} + ({idx}), {mask}, other=0)" if mask else f"tl.load({p} + ({idx}))"
             cdt = compute_dtype(v.dtype)
             if cdt != v.dtype:
-                expr += f".to({TL[cdt]})"
+                expr = self.widen(expr, v.dtype)
             return self.tmp(scope, expr, rdep), rdep
         if isinstance(v, ir.IndexValue):
             idx, rdep = self.index(scope, v.index)
+            if "xindex" not in idx and "rindex" not in idx and all(isinstance(b, str) for b in v.index.bases()):
+                idx = f"{idx} + xindex * 0"   # a constant index: a block, so masks built from it are blocks of int1
             return self.tmp(scope, f"({idx})", rdep), rdep
         if isinstance(v, ir.Rand):
             seed = self.ptr(v.seed_buf, self.inputs, "in_ptr")
             off, rdep = self.index(scope, v.offset)
+            if "xindex" not in off and "rindex" not in off:
+                off = f"{off} + xindex * 0"   # a 0-d output: one offset, in the block's shape
             s = self.tmp(scope, f"tl.load({seed})", False)
             return self.tmp(scope, f"tl.rand({s}.to(tl.uint32), ({off}).to(tl.uint32))", rdep), rdep
         if isinstance(v, ir.Op):
@@ -178,10 +184,31 @@ class Codegen:
                 return f"{a[0]} != 0"
             return a[0] if src == cdt else f"tl.cast({a[0]}, {TL[cdt]})"
         if n == "round_to":
-            return f"tl.cast(tl.cast({a[0]}, {TL[v.dtype]}), tl.float32)"
+            return self.widen(self.narrow(a[0], v.dtype), v.dtype)
         template, helpers = mathops.template(n, mathops.operand_kind(dts))
         self.helpers.update(helpers)
+        if helpers:   # shim helpers take tensors (shape, tl.where): a constant operand (2.0 ** x) becomes a
+            # one-element one (0-d tensors break `&` with blocks in the interpreter)
+            a = [f"tl.full([1], {x}, {TL[compute_dtype(c.dtype)]})" if isinstance(c, ir.Const) else x
+                 for x, c in zip(a, v.args)]
         return template.format(*a)
+
+    def narrow(self, x, dtype):
+        """fp32 (or fp64) registers `x` as half type `dtype`, rounded to nearest even as eager and the GPU do.
+        The Triton interpreter's own cast to bfloat16 truncates (and reads fp64 as an integer): under it the
+        rounding is spelled out (shim.py), so CI checks what users run."""
+        if dtype == torch.bfloat16 and self.interpreted:
+            self.helpers.add("bf16_rne")
+            return f"bf16_rne({x})"
+        return f"tl.cast({x}, {TL[dtype]})"
+
+    def widen(self, x, dtype):
+        """The call expression `x` (a value of half type `dtype`) as fp32, exactly: the interpreter's own bf16
+        conversion loses subnormals."""
+        if dtype == torch.bfloat16 and self.interpreted:
+            self.helpers.add("bf16_to_fp32")
+            return f"bf16_to_fp32({x})"
+        return f"{x}.to(tl.float32)"
 
     def pow_scalar(self, x, e, is_float):
         if e == int(e) and 0 <= e <= 4:
@@ -212,7 +239,7 @@ class Codegen:
             off = f"{off} + xindex * 0"   # a 0-d output: give the pointer the block's shape
         val = name
         if node.dtype != compute_dtype(node.dtype) or node.dtype == torch.bool:
-            val = f"tl.cast({name}, {TL[node.dtype]})" if node.dtype != torch.bool else f"({name}) != 0"
+            val = self.narrow(name, node.dtype) if node.dtype != torch.bool else f"({name}) != 0"
             if name in ("True", "False"):
                 val = name
         scope.lines.append(f"{scope.indent}tl.store({p} + ({off}), {val}{_mask_arg(self.mask_for(ordep))})")
@@ -258,6 +285,9 @@ class Codegen:
         acc = compute_dtype(r.meta.get("acc_dtype", r.dtype))
         if acc == torch.bool:
             name = self.tmp(scope, f"tl.cast({name}, tl.int32)", True)
+        elif not acc.is_floating_point and not r.rtype.startswith("arg"):
+            # an index value is int32 in registers: reduce it in the IR's type (arg-reductions keep their values)
+            name = self.tmp(scope, f"tl.cast({name}, {TL[acc]})", True)
         mask = self.mask_for(True)
         if mask:
             return self.tmp(scope, f"tl.where({mask}, {name}, {self.identity(r)})", True)
@@ -487,7 +517,9 @@ def _mask_arg(mask):
 
 
 def literal(x, dtype):
-    if isinstance(x, bool) or dtype == torch.bool:
+    """Python source for constant `x` as a value of `dtype` (a bool filling a float tensor is 1.0, not True:
+    stored as True into bfloat16 it was the bit pattern 1)."""
+    if dtype == torch.bool:
         return "True" if x else "False"
     if dtype.is_floating_point:
         x = float(x)
@@ -501,7 +533,7 @@ def literal(x, dtype):
 
 def generate(kernel, stored, load_stored, kernel_of):
     """Triton source for `kernel`; returns KernelSource (args: nodes in pointer order)."""
-    cg = Codegen(kernel, stored, load_stored, kernel_of)
+    cg = Codegen(kernel, stored, load_stored, kernel_of, interpreted=os.environ.get("TRITON_INTERPRET") == "1")
     cg.ops_nodes = set()
     prev = ir.LOAD_STORED
     ir.LOAD_STORED = load_stored

@@ -17,22 +17,50 @@ UNARY = {"abs": "abs", "neg": "neg", "exp": "exp", "exp2": "exp2", "expm1": "exp
          "floor": "floor", "ceil": "ceil", "round": "round", "trunc": "trunc", "sign": "sign", "silu": "silu",
          "sinh": "sinh", "cosh": "cosh", "atan": "atan", "asin": "asin", "acos": "acos", "erfc": "erfc",
          "bitwise_not": "bitwise_not", "logical_not": "logical_not", "isnan": "isnan", "isinf": "isinf",
-         "sgn": "sign", "frac": "frac", "square": "square"}
+         "sgn": "sign", "frac": "frac", "square": "square", "acosh": "acosh", "asinh": "asinh", "atanh": "atanh",
+         "signbit": "signbit"}
 BINARY = {"mul": "mul", "div": "div", "maximum": "maximum", "minimum": "minimum", "pow": "pow",
           "bitwise_and": "and", "bitwise_or": "or", "bitwise_xor": "xor", "remainder": "remainder",
-          "fmod": "fmod", "atan2": "atan2", "fmax": "maximum", "fmin": "minimum"}
+          "fmod": "fmod", "atan2": "atan2", "fmax": "maximum", "fmin": "minimum", "hypot": "hypot",
+          "copysign": "copysign"}
 COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
            "logical_and": "and", "logical_or": "or", "logical_xor": "ne"}
 
 @register(*UNARY)
-def lower_unary(L, fx, x, *rest):
+def lower_unary(L, fx, x, *rest, decimals=0):
     name = UNARY[op_name(fx.target)]
     if rest:
         raise NotLowered(f"{op_name(fx.target)} with extra arguments")
-    if name in ("isnan", "isinf", "logical_not"):
+    if name == "round" and decimals:
+        return _round_decimals(L, fx, x, decimals)
+    if name in ("isnan", "isinf", "logical_not", "signbit"):
         cdt = x.dtype if name != "logical_not" else torch.bool
         return pw(L, fx, lambda idx: Op(name, [cast(x(idx), cdt)], torch.bool))
     return elementwise(L, fx, name, [x])
+
+
+def _round_decimals(L, fx, x, decimals):
+    """round(x, decimals) as ATen computes it: scaled by 10^|decimals| (in the tensor's dtype), rounded half to
+    even, scaled back."""
+    out = meta(fx).dtype
+    scale = float(torch.tensor(10.0 ** abs(decimals), dtype=out if out != torch.float64 else torch.float64))
+    up, down = ("mul", "div") if decimals > 0 else ("div", "mul")
+
+    def fn(idx):
+        v = Op(up, [cast(x(idx), out), Const(scale, out)], out)
+        return Op(down, [Op("round", [v], out), Const(scale, out)], out)
+    return pw(L, fx, fn)
+
+
+@register("ldexp")
+def lower_ldexp(L, fx, x, e):
+    out = meta(fx).dtype
+    get = operands(L, fx, [x, e], out)
+
+    def fn(idx):
+        a, b = get(idx)
+        return Op("mul", [a, Op("exp2", [b], out)], out)
+    return pw(L, fx, fn)
 
 
 @register(*BINARY)
@@ -163,7 +191,7 @@ def lower_copy(L, fx, x, src=None, **kw):
 # ------------------------------------------------------------------------------------------ constants
 
 @register("full", "full_like", "zeros", "ones", "zeros_like", "ones_like", "scalar_tensor", "empty", "empty_like",
-          "new_zeros", "new_ones", "new_full", "new_empty", "empty_strided", "fill")
+          "new_zeros", "new_ones", "new_full", "new_empty", "empty_strided", "fill", "empty_permuted")
 def lower_full(L, fx, *args, **kw):
     m = meta(fx)
     name = op_name(fx.target)

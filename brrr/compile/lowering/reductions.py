@@ -148,6 +148,40 @@ def _shifted_moments(L, fx, x, dims, vshape, acc, n):
     return mean_at, var_at
 
 
+@register("linalg_vector_norm")
+def lower_vector_norm(L, fx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """sum(|x|^ord)^(1/ord) over `dim` (ord 2: a square root, 1: no root, inf/-inf: amax/amin of |x|, 0: the
+    count of non-zeros), accumulated in fp32 for half types."""
+    m = meta(fx)
+    out = m.dtype
+    if not out.is_floating_point or not x.dtype.is_floating_point:
+        raise NotLowered("vector norm of a complex tensor")
+    acc = torch.float32 if out in (torch.float16, torch.bfloat16) else out
+    dims = norm_dims(dim, len(x.shape))
+    ord = float(ord)
+    shape = tuple(m.shape)
+
+    def magnitude(idx):
+        return Op("abs", [cast(x(idx), acc)], acc)
+    if ord in (float("inf"), float("-inf")):
+        return make_reduction(L, fx, x, dims, "max" if ord > 0 else "min", shape, out,
+                              body=lambda idx: cast(magnitude(idx), out), acc_dtype=acc)
+    if ord == 0:
+        body = lambda idx: cast(Op("ne", [magnitude(idx), Const(0, acc)], torch.bool), acc)  # noqa: E731
+    elif ord == 1:
+        body = magnitude
+    elif ord == 2:
+        body = lambda idx: Op("mul", [cast(x(idx), acc), cast(x(idx), acc)], acc)  # noqa: E731
+    else:
+        body = lambda idx: Op("pow_scalar", [magnitude(idx), Const(ord, torch.float64)], acc)  # noqa: E731
+    total = make_reduction(L, fx, x, dims, "sum", shape, acc, body=body, acc_dtype=acc)
+    if ord in (0, 1):
+        return pw(L, fx, lambda idx: cast(total(idx), out))
+    if ord == 2:
+        return pw(L, fx, lambda idx: cast(Op("sqrt", [total(idx)], acc), out))
+    return pw(L, fx, lambda idx: cast(Op("pow_scalar", [total(idx), Const(1.0 / ord, torch.float64)], acc), out))
+
+
 @register_prim("sum", "amax", "amin", "prod")
 def prim_reduce(L, fx, x, dims, output_dtype=None):
     m = meta(fx)

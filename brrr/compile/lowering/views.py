@@ -118,12 +118,39 @@ def lower_squeeze(L, fx, x, *rest):
     return view_node(L, fx, x, fn)
 
 
+@register("diagonal")
+def lower_diagonal(L, fx, x, offset=0, dim1=0, dim2=1):
+    """out[..., i] = x[..., i, i + offset] with dims dim1, dim2 taken out and the diagonal appended last."""
+    n = len(x.shape)
+    dim1, dim2 = dim1 % n, dim2 % n
+    rest = [d for d in range(n) if d not in (dim1, dim2)]
+
+    def fn(idx):
+        src = [None] * n
+        for d, i in zip(rest, idx[:-1]):
+            src[d] = i
+        i = Ix.of(idx[-1])
+        src[dim1], src[dim2] = (i, i + offset) if offset >= 0 else (i + (-offset), i)
+        return x(src)
+    return view_node(L, fx, x, fn)
+
+
 @register("as_strided")
 def lower_as_strided(L, fx, x, size, stride, offset=None):
+    """as_strided addresses its input's storage, not the input: an index rewrite only where brrr knows where
+    that storage starts. A graph input's storage offset is the caller's (an autograd tangent's differs from the
+    traced one), so its as_strided runs as the ATen view it is."""
     f = fake(x)
-    if x.kind != "buffer" and tuple(f.stride()) != contiguous_strides(f.shape):
-        raise NotLowered("as_strided over a non-contiguous intermediate")
+    if x.kind == "buffer" and x.producer == "input":
+        node = L.buffer_op(fx, "extern", "")
+        L.added.add(node)
+        return node
     offset = f.storage_offset() if offset is None else offset
+    if x.kind != "buffer":
+        if tuple(f.stride()) != contiguous_strides(f.shape) or f.storage_offset() != 0:
+            raise NotLowered("as_strided over a non-contiguous intermediate or a view of one")
+        if any(s < 0 for s in stride) or offset + sum((n - 1) * s for n, s in zip(size, stride) if n) >= max(x.numel, 1):
+            raise NotLowered("as_strided reaching outside its input")
     if x.kind == "buffer":   # relative to the tensor's data_ptr(), which already includes its storage offset
         offset -= f.storage_offset()
         return view_node(L, fx, x, lambda idx: ir.Load(x, linear(idx, stride, offset), x.dtype,
@@ -268,7 +295,8 @@ def prim_broadcast_in_dim(L, fx, x, shape, bdims):
 
 @register("flip")
 def lower_flip(L, fx, x, dims):
-    """out[i] = x[size - 1 - i] on the flipped dims; the reversed index stays an opaque non-negative base."""
+    """out[i] = x[size - 1 - i] on the flipped dims; the reversed index stays an opaque non-negative base. A
+    pointwise node, not a view: ATen's flip copies, and no strides express it."""
     n = len(x.shape)
     dims = {d % n for d in dims} if n else set()
 
@@ -283,7 +311,83 @@ def lower_flip(L, fx, x, dims):
                 raise NotLowered("flip of an indirect index")
             src[d] = Ix([Term(f"({size - 1} - ({i.render()}))", size, 1, None, 1)])
         return x(src)
-    return view_node(L, fx, x, fn)
+    return pw(L, fx, fn)
+
+
+def _scatter_into(L, fx, x, src, inside, src_index):
+    """out = x where `inside(idx)` holds, else src at `src_index(idx)` (read only where inside holds)."""
+    out = meta(fx).dtype
+
+    def fn(idx):
+        cond = inside(idx)
+        new = masked(cond, lambda: cast(src(src_index(idx)), out))
+        return Op("where", [cond, new, cast(x(idx), out)], out)
+    return pw(L, fx, fn)
+
+
+def _all(conds):
+    cond = conds[0]
+    for c in conds[1:]:
+        cond = Op("and", [cond, c], torch.bool)
+    return cond
+
+
+@register("slice_scatter")
+def lower_slice_scatter(L, fx, x, src, dim=0, start=None, end=None, step=1):
+    """x with x[start:end:step] along `dim` replaced by src."""
+    dim %= len(x.shape)
+    size = x.shape[dim]
+    start = 0 if start is None else start + size if start < 0 else start
+    end = size if end is None else end + size if end < 0 else end
+    start, end = max(0, min(size, start)), max(0, min(size, end))
+    shift = (-start) % step          # i + shift = i - start (mod step), and both are >= 0 where it matters
+    first = (start + shift) // step
+
+    def inside(idx):
+        conds = [ge(idx[dim], start), lt(idx[dim], end)]
+        if step != 1:
+            conds.append(Op("eq", [IndexValue((Ix.of(idx[dim]) + shift) % step), Const(0, torch.int64)],
+                            torch.bool))
+        return _all(conds)
+
+    def src_index(idx):
+        sub = list(idx)
+        sub[dim] = (Ix.of(idx[dim]) + shift) // step + (-first) if step != 1 else Ix.of(idx[dim]) + (-start)
+        return sub
+    return _scatter_into(L, fx, x, src, inside, src_index)
+
+
+@register("select_scatter")
+def lower_select_scatter(L, fx, x, src, dim, index):
+    """x with x.select(dim, index) replaced by src."""
+    dim %= len(x.shape)
+    index = index + x.shape[dim] if index < 0 else index
+    return _scatter_into(L, fx, x, src, lambda idx: Op("eq", [IndexValue(idx[dim]), Const(index, torch.int64)],
+                                                              torch.bool),
+                         lambda idx: list(idx[:dim]) + list(idx[dim + 1:]))
+
+
+@register("diagonal_scatter")
+def lower_diagonal_scatter(L, fx, x, src, offset=0, dim1=0, dim2=1):
+    """x with x.diagonal(offset, dim1, dim2) replaced by src (its diagonal index last)."""
+    n = len(x.shape)
+    dim1, dim2 = dim1 % n, dim2 % n
+    rest = [d for d in range(n) if d not in (dim1, dim2)]
+
+    def inside(idx):
+        return Op("eq", [IndexValue(Ix.of(idx[dim2])), IndexValue(Ix.of(idx[dim1]) + offset)], torch.bool)
+
+    def src_index(idx):
+        return [idx[d] for d in rest] + [idx[dim1] if offset >= 0 else idx[dim2]]
+    return _scatter_into(L, fx, x, src, inside, src_index)
+
+
+@register("repeat")
+def lower_repeat(L, fx, x, repeats):
+    """out[..., j] = x[..., j % size]: x aligned with the trailing dims of the output."""
+    shape = tuple(meta(fx).shape)
+    lead = len(shape) - len(x.shape)
+    return pw(L, fx, lambda idx: x([Ix.of(i) % s for i, s in zip(idx[lead:], x.shape)]))
 
 
 @register("scatter")
