@@ -7,7 +7,8 @@ keep a padding mask they would drop in eager, built by broadcasting, so its last
 BERT-base (bf16, 8x512) fell back to math attention in every layer: measured on the H100, torch 2.11.
 
 The pass gives such a mask one contiguous copy, shared by every attention call that reads it (for
-BERT-base: 2 MB of bool, once per step), so the memory-efficient kernel can take it.
+BERT-base: 2 MB of bool, once per step), so the memory-efficient kernel can take it. Sizes may be symbolic
+(a graph compiled per shape, specialize.py): a broadcast dim's stride is still the int 0 there.
 """
 
 import torch
@@ -27,7 +28,9 @@ def _needs_copy(mask, devices):
     if not isinstance(value, torch.Tensor) or value.device.type not in devices or value.dim() == 0:
         return False
     size, stride = value.size(-1), value.stride(-1)
-    return isinstance(size, int) and isinstance(stride, int) and size > 1 and stride != 1
+    if isinstance(stride, int):
+        return stride != 1 and (not isinstance(size, int) or size > 1)
+    return True   # a symbolic stride: `.contiguous()` of a mask already contiguous costs nothing at run time
 
 
 def contiguous_attention_masks(gm, devices=("cuda",)):

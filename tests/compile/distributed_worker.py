@@ -21,8 +21,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from brrr.compile.backend import brrr_backend  # noqa: E402
 from brrr.compile.launch import Launcher  # noqa: E402
+from tests.compile.helpers import Recording  # noqa: E402
 
 STEPS = 2
 DIM, HEADS, CLASSES = 128, 4, 8   # two blocks of dim 128 hold ~1.6 MB of fp32 parameters: two DDP buckets of 1 MiB
@@ -58,18 +58,6 @@ class Net(nn.Module):
         h = self.blocks[0](h)
         h = self.blocks[1](h)
         return F.cross_entropy(self.head(self.norm(h)).flatten(0, 1), target.flatten())
-
-
-class Recording:
-    """brrr's backend, remembering which runtime it returned for each graph Dynamo handed it."""
-
-    def __init__(self):
-        self.runtimes = []
-
-    def __call__(self, gm, example_inputs):
-        fn = brrr_backend(gm, example_inputs)
-        self.runtimes.append(getattr(fn, "_brrr_lean", "aot"))
-        return fn
 
 
 class LaunchCount:

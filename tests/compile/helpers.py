@@ -5,6 +5,18 @@ import torch
 from brrr.compile.backend import brrr_backend
 
 
+class Recording:
+    """brrr's backend, remembering which runtime it returned for each graph Dynamo handed it."""
+
+    def __init__(self):
+        self.runtimes = []
+
+    def __call__(self, gm, example_inputs):
+        fn = brrr_backend(gm, example_inputs)
+        self.runtimes.append(getattr(fn, "_brrr_lean", "aot"))
+        return fn
+
+
 def compiled(fn):
     return torch.compile(fn, backend=brrr_backend, dynamic=False)
 

@@ -30,6 +30,24 @@ def test_broadcast_mask_gets_one_contiguous_copy_and_same_result():
     torch.testing.assert_close(got, attention_twice(q, k, v, keep))
 
 
+def test_broadcast_mask_of_symbolic_sizes_gets_its_copy():
+    # a graph captured with symbolic sizes (a length changed) holds the same mask; its last size is a SymInt
+    seen = {}
+
+    def backend(gm, inputs):
+        seen["copies"] = contiguous_attention_masks(gm, devices=("cpu",))
+        return gm
+
+    torch._dynamo.reset()
+    cf = torch.compile(attention_twice, backend=backend, fullgraph=True, dynamic=True)
+    for n in (8, 12):
+        q, k, v = (torch.randn(2, 3, n, 4) for _ in range(3))
+        keep = torch.rand(2, n) > 0.3
+        keep[:, 0] = True
+        torch.testing.assert_close(cf(q, k, v, keep), attention_twice(q, k, v, keep))
+    assert seen["copies"] == 1
+
+
 def test_contiguous_masks_and_other_devices_are_left_alone():
     seen = {}
 

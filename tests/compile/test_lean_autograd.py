@@ -6,18 +6,7 @@ import torch
 
 from brrr.compile.backend import brrr_backend
 from brrr.examples import bert, mlp
-
-
-class Recording:
-    """A backend that remembers which runtime brrr returned for each graph."""
-
-    def __init__(self):
-        self.runtimes = []
-
-    def __call__(self, gm, example_inputs):
-        fn = brrr_backend(gm, example_inputs)
-        self.runtimes.append(getattr(fn, "_brrr_lean", "aot"))
-        return fn
+from tests.compile.helpers import Recording
 
 
 def _compile(fn):
