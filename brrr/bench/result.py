@@ -39,22 +39,30 @@ def with_errors_as_dicts(row):
 
 
 @dataclass
-class BenchResult:
+class Measured:
+    """What every result holds: one row per backend, and what was measured where."""
     rows: list
     label: str
     device: str
     dtype: str
     train: bool
     versions: dict
-    notes: list = field(default_factory=list)
-    reference: str | None = None          # dtype of the higher-precision run half types are judged against
 
     def row(self, backend):
         return next(r for r in self.rows if r.backend == backend)
 
-    def to_dict(self):
+    def head_dict(self):
         return {"label": self.label, "device": self.device, "dtype": self.dtype, "train": self.train,
-                "versions": self.versions, "notes": self.notes, "reference": self.reference,
+                "versions": self.versions}
+
+
+@dataclass
+class BenchResult(Measured):
+    notes: list = field(default_factory=list)
+    reference: str | None = None          # dtype of the higher-precision run half types are judged against
+
+    def to_dict(self):
+        return {**self.head_dict(), "notes": self.notes, "reference": self.reference,
                 "rows": [r.to_dict() for r in self.rows]}
 
     def print(self, console):

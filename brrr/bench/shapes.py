@@ -16,7 +16,7 @@ import torch
 
 from brrr.bench import compare
 from brrr.bench.backends import backend_name, resolve_backend, strict_dynamo
-from brrr.bench.result import dtype_name, with_errors_as_dicts
+from brrr.bench.result import Measured, dtype_name, with_errors_as_dicts
 from brrr.bench.runner import _eager_reference, _infer_device, _peak_memory, _reason, versions
 from brrr.bench.step import Step
 from brrr.bench.timing import time_kernel, time_steady
@@ -69,21 +69,11 @@ class ShapesRow:
 
 
 @dataclass
-class ShapesResult:
-    rows: list
-    label: str
-    device: str
-    dtype: str
-    train: bool
-    versions: dict
+class ShapesResult(Measured):
     reference: str | None = None
 
-    def row(self, backend):
-        return next(r for r in self.rows if r.backend == backend)
-
     def to_dict(self):
-        return {"label": self.label, "device": self.device, "dtype": self.dtype, "train": self.train,
-                "versions": self.versions, "reference": self.reference, "rows": [r.to_dict() for r in self.rows]}
+        return {**self.head_dict(), "reference": self.reference, "rows": [r.to_dict() for r in self.rows]}
 
 
 class _Counted:

@@ -20,7 +20,7 @@ import torch
 from brrr.compile.attention_mask import contiguous_attention_masks
 from brrr.compile import fallbacks
 from brrr.compile.fallbacks import MAX_REPLANS, GraphFallback, KernelFailed, debugging, recover, warn_once
-from brrr.compile.specialize import PerShape
+from brrr.compile.specialize import PerShape, symbolic
 
 aten = torch.ops.aten
 
@@ -48,13 +48,6 @@ def decomposition_table():
     return {op: fn for op, fn in table.items() if "scaled_dot_product" not in str(op)}
 
 
-def _symbolic(value):
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return True
-    return isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt)
-                                                   for s in list(value.shape) + list(value.stride()))
-
-
 def _values(gm):
     for node in gm.graph.nodes:
         val = node.meta.get("val", node.meta.get("example_value"))
@@ -63,7 +56,7 @@ def _values(gm):
 
 def _static(gm, example_inputs=()):
     """True when every value in the graph (and every example input) has concrete sizes."""
-    return not any(_symbolic(v) for v in list(_values(gm)) + list(example_inputs))
+    return not any(symbolic(v) for v in list(_values(gm)) + list(example_inputs))
 
 
 def _devices(gm, example_inputs=()):

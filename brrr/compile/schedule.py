@@ -206,12 +206,11 @@ class Scheduler:
             for u in n.fx.users:
                 for un in _ir_of(self.L, u):
                     users.setdefault(n, set()).add((_space(un), stage.get(u, 0)))
-        prev = ir.LOAD_STORED
+        prev, ir.LOAD_STORED = ir.LOAD_STORED, self.stored   # grows as nodes are decided
         try:
             for n, spaces in users.items():
                 if n.kind != "pointwise" or n.view_of is not None or n in self.stored or len(spaces) < 2:
                     continue
-                ir.LOAD_STORED = self.stored
                 reads = {}
                 for v in ir.walk(n(unflatten(Ix.var("xindex", max(n.numel, 1)), n.shape))):
                     if isinstance(v, ir.Load):

@@ -21,6 +21,22 @@ from brrr.compile.fallbacks import warn_once
 MAX_SHAPES = 8
 
 
+def symbolic(value):
+    """A SymInt/SymFloat/SymBool, or a tensor with a symbolic size or stride."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    return isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt)
+                                                   for s in list(value.shape) + list(value.stride()))
+
+
+def varying_inputs(gm):
+    """Positions of the graph's inputs whose sizes are symbolic: the only ones that can differ between calls
+    (Dynamo's guards hold the others, parameters among them, to the sizes they were captured at)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return [i for i, n in enumerate(placeholders)
+            if symbolic(n.meta.get("val", n.meta.get("example_value")))]
+
+
 def signature(args):
     """What a specialization is valid for: each tensor's sizes, strides, dtype and device; each other value."""
     out = []
@@ -40,16 +56,17 @@ class PerShape:
     def __init__(self, gm, compile_static, eager_forward, limit=None):
         self.gm, self.compile_static, self.eager_forward = gm, compile_static, eager_forward
         self.limit = MAX_SHAPES if limit is None else limit
+        self.varying = varying_inputs(gm)     # keyed on these alone: a call does not walk every parameter
         self.compiled = {}
 
     def __call__(self, *args):
-        key = signature(args)
+        key = signature([args[i] for i in self.varying])
         fn = self.compiled.get(key)
         if fn is None:
-            fn = self.compiled[key] = self.specialize(key, args)
+            fn = self.compiled[key] = self.specialize(args)
         return fn(*args)     # a backend's result is called as Dynamo calls it
 
-    def specialize(self, key, args):
+    def specialize(self, args):
         if len(self.compiled) >= self.limit:
             reason = (f"changing shapes: {self.limit} shapes of this graph already compiled; others run as "
                       f"captured")
