@@ -57,6 +57,25 @@ def profile(step, steps=5):
     return kernels, counts, host
 
 
+def python_profile(step, steps=50):
+    """The Python functions taking the most of the host's time over `steps` steps (tottime, us per step)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    sync()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:25]
+    print(f"python profile (us per step over {steps}; tottime, cumtime, calls per step):")
+    for (file, line, fn), (_, calls, tottime, cumtime, _) in rows:
+        print(f"  {tottime / steps * 1e6:8.1f} {cumtime / steps * 1e6:8.1f} {calls / steps:5.1f}  "
+              f"{Path(file).name}:{line} {fn}")
+
+
 def make_step(work, fn):
     if work.shapes:
         steps = [make_one(work, fn, inputs) for _, inputs in work.shapes]
@@ -75,6 +94,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("configs", nargs="+")
     p.add_argument("--backends", default="eager,brrr")
+    p.add_argument("--cprofile", action="store_true", help="also Python's own profile of 50 compiled steps")
     p.add_argument("--quick", action="store_true", help="tiny models on the CPU (checks the probe runs)")
     args = p.parse_args()
 
@@ -118,6 +138,8 @@ def main():
             print("top host ops (self CPU ms/step):")
             for k, ms in host.most_common(12):
                 print(f"  {ms:7.3f}  {k[:110]}")
+            if args.cprofile and backend != "eager":
+                python_profile(step)
         del work
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

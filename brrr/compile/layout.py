@@ -17,7 +17,7 @@ eager's strides; one only kernels see is dense in the order of the kernel that w
 import re
 
 from brrr.compile import ir
-from brrr.compile.indexing import Ix, Opaque
+from brrr.compile.indexing import Ix, Opaque, linear
 
 _DIM = "@"                      # index variables of the probe: "@0", "@1", ... (never rendered into a kernel)
 _DIM_IN = re.compile(r"@(\d+)")
@@ -89,6 +89,8 @@ def largest_input(value, shape):
     from brrr.cost.ops import tensor_bytes
     best, best_key = None, None
     for v in ir.walk(value):
+        if isinstance(v, ir.ReduceRef) and v.node.stride:   # a reduction an earlier kernel stored: a load
+            v = ir.Load(v.node, linear(v.idx, v.node.stride), v.dtype)
         if not isinstance(v, ir.Load):
             continue
         strides = access_strides(v.index, len(shape))

@@ -70,14 +70,16 @@ class Kernel:
         return (("xindex", self.xnumel(), [d for d in order if d not in self.dims]),
                 ("rindex", self.rnumel(), [d for d in order if d in self.dims]))
 
-    def full_index(self):
+    def full_index(self, reduced_at=None):
         """Ix per dim of S: the kept dims unflatten xindex, the reduced dims rindex (a tiled layout change:
-        the inner dims xindex, the outer yindex), each in memory order."""
+        the inner dims xindex, the outer yindex), each in memory order. `reduced_at`, an int, puts the reduced
+        dims at that one flat position instead of rindex (a reduction unrolled in the source)."""
         idx = [Ix()] * len(self.shape)
         for var, numel, group in self.groups():
             if not group:
                 continue
-            sub = unflatten(Ix.var(var, numel), [self.shape[d] for d in group], tuple(range(len(group))))
+            flat = Ix.of(reduced_at) if var == "rindex" and reduced_at is not None else Ix.var(var, numel)
+            sub = unflatten(flat, [self.shape[d] for d in group], tuple(range(len(group))))
             for d, i in zip(group, sub):
                 idx[d] = i
         return idx

@@ -3,6 +3,7 @@ eager's values, strides and dtypes on channels_last, transposed, sliced and expa
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from brrr.compile import ir
 from brrr.compile.backend import make_backend
@@ -157,6 +158,15 @@ def test_row_or_column_reduction_follows_memory_order(memory_format, column):
     else:
         (kernel,) = ks
         assert kernel.shape == (64, 256, 56, 56) and not kernel.is_column()
+
+
+def test_kernel_reading_a_stored_reduction_walks_its_memory_order():
+    # an average pool over a max pool's output reads a reduction an earlier kernel stored; the order must come
+    # from that read too, or the pool walks NCHW over channels_last memory
+    x = torch.randn(2, 16, 9, 9).to(memory_format=torch.channels_last)
+    f = lambda x: F.avg_pool2d(F.max_pool2d(x, 3, 2, 1), 3, 1, 1)   # noqa: E731
+    pools = [k for k in kernels_of(f, x) if k.dims]
+    assert len(pools) == 2 and all(k.is_column() for k in pools)
 
 
 @pytest.mark.parametrize("cols", [1000, 65536])
