@@ -37,13 +37,19 @@ class Config:
 
 
 class LossOf(nn.Module):
-    """A Hugging Face model's training step: `model(input_ids, labels=labels).loss`."""
+    """A Hugging Face model's training step: `model(input_ids, labels=labels).loss`, no cache.
+
+    A training step never reads a generation cache; built anyway, it is per-layer state that Dynamo guards
+    on, and where a model's Python breaks the graph between layers (OPT's LayerDrop draw in transformers
+    5.17) every decoder layer recompiles until Dynamo's recompile limit, for every backend alike."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, labels):
+        if _takes_cache(self.model):
+            return self.model(input_ids=input_ids, labels=labels, use_cache=False).loss
         return self.model(input_ids=input_ids, labels=labels).loss
 
 

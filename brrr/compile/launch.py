@@ -108,9 +108,13 @@ def _cubin_file(kernel):
 class Launcher:
     """`launcher(*args)` == `jit_fn[grid](*args, **meta)`, without the JIT's per-call work once it has run."""
 
-    def __init__(self, jit_fn, grid, meta, name="kernel", fx_nodes=()):
+    def __init__(self, jit_fn, grid, meta, name="kernel", fx_nodes=(), fresh_slots=()):
         self.jit_fn, self.grid, self.meta = jit_fn, tuple(grid), dict(meta)
         self.name, self.fx_nodes = name, fx_nodes   # what a failed JIT launch reports (fallbacks.KernelFailed)
+        # arguments the generated call allocates itself just before (the caching allocator's blocks are
+        # aligned): only the others can change alignment between calls, so only they are checked per launch
+        self.fresh_slots = frozenset(fresh_slots)
+        self.hook_chains = ()   # the launch hooks' chains seen at the first launch: idle then, re-checked
         self.grid3 = (self.grid + (1, 1))[:3]
         self.fast = None   # (run, function, packed_metadata, device index, tail args, enter, exit)
         self.static = None  # (C launch, static kernel, arg types, extra args) when torch's launcher takes it
@@ -143,9 +147,9 @@ class Launcher:
 
     def _fits(self, args):
         # the current device is the kernel's: CompiledGraph makes the graph's device current for the call
-        fast = self.fast
-        if not (_hook_chain_idle(fast[5]) and _hook_chain_idle(fast[6])):
-            return False
+        for chain in self.hook_chains:
+            if chain.calls:
+                return False
         for i in self.tensor_slots:
             if args[i].data_ptr() & 15:
                 return False
@@ -168,7 +172,9 @@ class Launcher:
         if any(isinstance(a, torch.Tensor) and a.data_ptr() & 15 for a in args) or \
                 not (_hook_chain_idle(enter) and _hook_chain_idle(exit_)):
             return
-        self.tensor_slots = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+        self.tensor_slots = tuple(i for i, a in enumerate(args)
+                                  if isinstance(a, torch.Tensor) and i not in self.fresh_slots)
+        self.hook_chains = tuple(h for h in (enter, exit_) if h is not None)
         self.plain_slots = tuple(i for i, a in enumerate(args) if not isinstance(a, torch.Tensor))
         self.plain_args = tuple(args[i] for i in self.plain_slots)
         self.fast = (run, function, packed, _current_device(), tuple(self.meta[n] for n in tail_names),

@@ -276,7 +276,7 @@ def build(plan, gm, cuda_graphs=False, kind="graph"):
         lines.append(f"    {var(seed)} = torch.randint(0, 2**31 - 1, (1,), device={const(torch.device(dev))})")
     done_fx = {}
     launches, kernel_steps = [], {}
-    allocated = set()
+    allocated, fresh = set(), set()   # fresh: allocated by this call (aligned), not memory reused from another
     for kind, step in plan.steps:
         if kind == "aten":
             n = step
@@ -319,6 +319,7 @@ def build(plan, gm, cuda_graphs=False, kind="graph"):
                 lines.append(f"    {var(n)} = layout({got}, {tuple(n.stride)})")
         elif kind == "empty":
             lines.append(f"    {var(step)} = {_alloc(step, const)}")
+            fresh.add(step)
         else:
             ks = kernels[step]
             for o in ks.stores:
@@ -330,6 +331,7 @@ def build(plan, gm, cuda_graphs=False, kind="graph"):
                         lines.append(f"    {var(o)} = {var(source)}  # {why}")
                     else:
                         lines.append(f"    {var(o)} = {_alloc(o, const)}")
+                        fresh.add(o)
             numel = step.xnumel() * (step.rnumel() if step.dims else 1)
             if step.xnumel() == 0 or (not step.dims and numel == 0):
                 lines.append(f"    # {ks.name}: zero-size, nothing to launch")
@@ -353,7 +355,8 @@ def build(plan, gm, cuda_graphs=False, kind="graph"):
                 if debugging() or is_out_of_memory(e):
                     raise
                 raise KernelFailed(ks.name, "compile", e, fx_nodes) from e
-            glb[ks.name] = Launcher(jit_fn, ks.grid, ks.meta, name=ks.name, fx_nodes=fx_nodes)
+            glb[ks.name] = Launcher(jit_fn, ks.grid, ks.meta, name=ks.name, fx_nodes=fx_nodes,
+                                    fresh_slots=[i for i, a in enumerate(ks.args) if a in fresh])
     filename = f"<brrr call {hash(source) & 0xffffff:x}>"
     dump_dir = os.environ.get("BRRR_DUMP_DIR")
     if dump_dir:  # the generated call, to read beside a traceback that points into it

@@ -87,6 +87,31 @@ def test_no_direct_path_for_misaligned_first_launch_or_busy_hooks(gpu_like, monk
     assert [c[0] for c in jit2.calls] == ["jit", "jit"]
 
 
+def test_a_hook_attached_after_the_first_launch_sends_launches_through_the_jit(gpu_like, monkeypatch):
+    class Chain:
+        calls = []
+    chain = Chain()
+    monkeypatch.setattr(launch, "_launch_hooks", lambda: (chain, None))
+    jit = FakeJIT()
+    k = launch.Launcher(jit, (4,), {"XBLOCK": 128})
+    a, b = aligned(8), aligned(8)
+    k(a, b, 8)
+    k(a, b, 8)
+    chain.calls = [print]   # a profiler attaches
+    k(a, b, 8)
+    assert [c[0] for c in jit.calls] == ["jit", "direct", "jit"]
+
+
+def test_only_arguments_the_call_did_not_allocate_are_checked_for_alignment(gpu_like):
+    jit = FakeJIT()
+    k = launch.Launcher(jit, (4,), {"XBLOCK": 128}, fresh_slots=(1,))
+    a, b = aligned(9), aligned(9)
+    k(a[:8], b[:8], 8)
+    k(a[:8], b[1:], 8)    # slot 1 is allocated by the generated call just before: not read again
+    k(a[1:], b[:8], 8)    # slot 0 (a graph input) moved off alignment: the JIT path
+    assert [c[0] for c in jit.calls] == ["jit", "direct", "jit"]
+
+
 def test_interpreter_or_cpu_tensors_always_use_the_jit():
     jit = FakeJIT()
     k = launch.Launcher(jit, (2,), {"XBLOCK": 16})

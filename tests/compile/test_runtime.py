@@ -144,6 +144,25 @@ def test_generated_call_is_readable_python():
     assert "def call(args):" in seen["src"] and "extern" in seen["src"] and "# grid (" in seen["src"]
 
 
+def test_launchers_know_which_arguments_the_call_allocated():
+    seen = {}
+    real = runtime.build
+
+    def spy(plan, gm, cuda_graphs=False, **kw):
+        c, ks = real(plan, gm, cuda_graphs, **kw)
+        seen["call"] = c.call
+        return c, ks
+    try:
+        runtime.build = spy
+        x = torch.randn(4, 8)
+        compiled(lambda x: (x.relu() + 1).sum(1))(x)
+    finally:
+        runtime.build = real
+    launchers = [v for v in seen["call"].__globals__.values() if isinstance(v, runtime.Launcher)]
+    # one kernel reads the graph input (slot 0, checked per launch) and writes a buffer the call allocates
+    assert [sorted(k.fresh_slots) for k in launchers] == [[1]]
+
+
 def test_split_reductions_for_few_long_rows():
     x = torch.randn(70001)
     for f in (lambda x: x.sum(), lambda x: x.amax(), lambda x: x.var(), lambda x: (x > 3).any(),
