@@ -290,17 +290,17 @@ def seed_mlp(device, dtype, quick):
 CONFIGS = [
     # transformers, training
     Config("bert-mlm-train", "transformers", True, _masked_train(
-        "BertForMaskedLM", "BertConfig", BERT, TINY_BERT, (8, 512), **NO_DROPOUT_BERT), cost=140),
+        "BertForMaskedLM", "BertConfig", BERT, TINY_BERT, (8, 512), **NO_DROPOUT_BERT), cost=100),
     Config("gpt2-lm-train", "transformers", True, _causal_train(
-        "GPT2LMHeadModel", "GPT2Config", GPT2, TINY_GPT2, (8, 1024), **NO_DROPOUT_GPT2), cost=90),
+        "GPT2LMHeadModel", "GPT2Config", GPT2, TINY_GPT2, (8, 1024), **NO_DROPOUT_GPT2), cost=85),
     Config("llama-train", "transformers", True, _causal_train(
-        "LlamaForCausalLM", "LlamaConfig", LLAMA, TINY_LLAMA, (8, 1024), attention_dropout=0.0), cost=70),
+        "LlamaForCausalLM", "LlamaConfig", LLAMA, TINY_LLAMA, (8, 1024), attention_dropout=0.0), cost=65),
     Config("albert-mlm-train", "transformers", True, _masked_train(
         "AlbertForMaskedLM", "AlbertConfig",
         dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072, embedding_size=128),
         dict(hidden_size=32, num_attention_heads=2, intermediate_size=64, embedding_size=16, vocab_size=128,
              num_hidden_layers=2), (8, 512),
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0), cost=60),
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0), cost=75),
     Config("distilbert-mlm-train", "transformers", True, _masked_train(
         "DistilBertForMaskedLM", "DistilBertConfig", dict(),
         dict(dim=32, n_layers=2, n_heads=2, hidden_dim=64, vocab_size=128), (16, 512),
@@ -311,7 +311,7 @@ CONFIGS = [
              max_position_embeddings=2048, word_embed_proj_dim=768),
         dict(hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=2, vocab_size=128,
              max_position_embeddings=64, word_embed_proj_dim=32), (8, 1024),
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0), cost=60),
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0), cost=85),
     Config("qwen2-0.5b-train", "transformers", True, _causal_train(
         "Qwen2ForCausalLM", "Qwen2Config",
         dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -319,38 +319,38 @@ CONFIGS = [
              rope_theta=1000000.0),
         dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=256, max_position_embeddings=128, tie_word_embeddings=True),
-        (4, 1024), attention_dropout=0.0), cost=210),
+        (4, 1024), attention_dropout=0.0), cost=135),
     Config("gpt-neox-160m-train", "transformers", True, _causal_train(
         "GPTNeoXForCausalLM", "GPTNeoXConfig",
         dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
              vocab_size=50304, max_position_embeddings=2048, rotary_pct=0.25, use_parallel_residual=True),
         dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=128,
              max_position_embeddings=64, rotary_pct=0.25, use_parallel_residual=True), (8, 1024),
-        hidden_dropout=0.0, attention_dropout=0.0), cost=95),
+        hidden_dropout=0.0, attention_dropout=0.0), cost=75),
     # transformers, inference
-    Config("llama-prefill", "transformers", False, llama_prefill, cost=50),
-    Config("llama-decode", "transformers", False, llama_decode, cost=35),
+    Config("llama-prefill", "transformers", False, llama_prefill, cost=35),
+    Config("llama-decode", "transformers", False, llama_decode, cost=30),
     # vision
-    Config("resnet50-infer", "vision", False, _vision(_torchvision_model("resnet50"), 64), cost=30),
-    Config("resnet50-train", "vision", True, _vision(_torchvision_model("resnet50"), 64, train=True), cost=85),
+    Config("resnet50-infer", "vision", False, _vision(_torchvision_model("resnet50"), 64), cost=45),
+    Config("resnet50-train", "vision", True, _vision(_torchvision_model("resnet50"), 64, train=True), cost=95),
     Config("mobilenet-v3-infer", "vision", False, _vision(_torchvision_model("mobilenet_v3_large"), 128),
-           cost=50),
+           cost=45),
     Config("densenet121-train", "vision", True, _vision(_torchvision_model("densenet121"), 64, train=True),
            cost=330),
     Config("inception-v3-infer", "vision", False,
            _vision(_torchvision_model("inception_v3", aux_logits=False, init_weights=False), 64, size=299),
            cost=60),
     Config("vit-base-train", "vision", True, _vision(_timm_model("vit_base_patch16_224"), 64, train=True,
-                                                     channels_last=False), cost=85),
+                                                     channels_last=False), cost=75),
     Config("deit-small-infer", "vision", False, _vision(_timm_model("deit_small_patch16_224"), 128,
                                                         channels_last=False), cost=35),
     Config("mixer-b16-train", "vision", True, _vision(_timm_model("mixer_b16_224"), 64, train=True,
-                                                      channels_last=False), cost=70),
+                                                      channels_last=False), cost=65),
     # changing shapes
-    Config("bert-lengths-infer", "changing-shapes", False, bert_lengths, cost=70),
+    Config("bert-lengths-infer", "changing-shapes", False, bert_lengths, cost=125),
     Config("gpt2-lengths-train", "changing-shapes", True, gpt2_lengths, cost=120),
     # the seeds' MLP
-    Config("seed-mlp-train", "seed", True, seed_mlp, cost=20),
+    Config("seed-mlp-train", "seed", True, seed_mlp, cost=25),
 ]
 BY_NAME = {c.name: c for c in CONFIGS}
 
