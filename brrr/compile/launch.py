@@ -116,7 +116,7 @@ class Launcher:
         self.fresh_slots = frozenset(fresh_slots)
         self.hook_chains = ()   # the launch hooks' chains seen at the first launch: idle then, re-checked
         self.grid3 = (self.grid + (1, 1))[:3]
-        self.fast = None   # (run, function, packed_metadata, device index, tail args, enter, exit)
+        self.fast = None   # (run, function, packed_metadata, device index, tail args)
         self.static = None  # (C launch, static kernel, arg types, extra args) when torch's launcher takes it
         self.try_static = os.environ.get("BRRR_STATIC_LAUNCH") != "0"   # read when the graph is built
         self.tensor_slots, self.plain_slots, self.plain_args = (), (), ()
@@ -131,7 +131,7 @@ class Launcher:
                 launch(sk.function, g0, g1, g2, sk.num_warps, sk.shared, arg_tys, args + extra,
                        _current_stream(fast[3]))
                 return None
-            run, function, packed, device, tail = fast[:5]
+            run, function, packed, device, tail = fast
             # no launch metadata and no hooks: _fits saw both hook chains empty
             run(g0, g1, g2, _current_stream(device), function, packed, None, None, None, *args, *tail)
             return None
@@ -177,7 +177,6 @@ class Launcher:
         self.hook_chains = tuple(h for h in (enter, exit_) if h is not None)
         self.plain_slots = tuple(i for i, a in enumerate(args) if not isinstance(a, torch.Tensor))
         self.plain_args = tuple(args[i] for i in self.plain_slots)
-        self.fast = (run, function, packed, _current_device(), tuple(self.meta[n] for n in tail_names),
-                     enter, exit_)
+        self.fast = (run, function, packed, _current_device(), tuple(self.meta[n] for n in tail_names))
         if self.try_static and not self.plain_slots:
             self.static = static_kernel(kernel, len(args), self.fast[3])

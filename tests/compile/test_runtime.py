@@ -126,39 +126,31 @@ def test_dynamic_shapes_never_wrong():
         torch.testing.assert_close(cf(x), f(x))
 
 
-def test_generated_call_is_readable_python():
+def built_graph(fn, *args):
+    """The CompiledGraph brrr builds for `fn(*args)` (the last one, where Dynamo hands it several)."""
     seen = {}
     real = runtime.build
 
     def spy(plan, gm, cuda_graphs=False, **kw):
         c, ks = real(plan, gm, cuda_graphs, **kw)
-        seen["src"] = c.source
+        seen["graph"] = c
         return c, ks
-    runtime_build = runtime.build
     try:
-        runtime.build = spy
-        import brrr.compile.backend  # noqa: F401  (build is looked up at call time)
-        compiled(lambda x, w: F.linear(x, w).relu())(torch.randn(4, 8), torch.randn(8, 8))
+        runtime.build = spy   # the backend looks build up at call time
+        compiled(fn)(*args)
     finally:
-        runtime.build = runtime_build
-    assert "def call(args):" in seen["src"] and "extern" in seen["src"] and "# grid (" in seen["src"]
+        runtime.build = real
+    return seen["graph"]
+
+
+def test_generated_call_is_readable_python():
+    src = built_graph(lambda x, w: F.linear(x, w).relu(), torch.randn(4, 8), torch.randn(8, 8)).source
+    assert "def call(args):" in src and "extern" in src and "# grid (" in src
 
 
 def test_launchers_know_which_arguments_the_call_allocated():
-    seen = {}
-    real = runtime.build
-
-    def spy(plan, gm, cuda_graphs=False, **kw):
-        c, ks = real(plan, gm, cuda_graphs, **kw)
-        seen["call"] = c.call
-        return c, ks
-    try:
-        runtime.build = spy
-        x = torch.randn(4, 8)
-        compiled(lambda x: (x.relu() + 1).sum(1))(x)
-    finally:
-        runtime.build = real
-    launchers = [v for v in seen["call"].__globals__.values() if isinstance(v, runtime.Launcher)]
+    call = built_graph(lambda x: (x.relu() + 1).sum(1), torch.randn(4, 8)).call
+    launchers = [v for v in call.__globals__.values() if isinstance(v, runtime.Launcher)]
     # one kernel reads the graph input (slot 0, checked per launch) and writes a buffer the call allocates
     assert [sorted(k.fresh_slots) for k in launchers] == [[1]]
 

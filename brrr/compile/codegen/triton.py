@@ -278,6 +278,24 @@ class Codegen:
             torch.iinfo(acc).min if acc != torch.bool else 0)
         return big if r.rtype in ("min", "argmin") else small
 
+    def acc_dtype(self, r):
+        """The dtype reduction `r` accumulates in, in registers (bool as int32)."""
+        cdt = compute_dtype(r.meta.get("acc_dtype", r.dtype))
+        return torch.int32 if cdt == torch.bool else cdt
+
+    def reduction_head(self, X, R):
+        """The lines every reduction kernel opens with: its sizes and this program's rows."""
+        i64 = ".to(tl.int64)" if self.int64 else ""
+        return [f"    xnumel = {X}", f"    rnumel = {R}",
+                f"    xoffset = tl.program_id(0){i64} * XBLOCK",
+                "    xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
+                "    xmask = xindex < xnumel"]
+
+    def pointwise_roots(self, roots):
+        """A reduction kernel's pointwise roots: (per row, full size)."""
+        rows = [r for r in roots if r.kind == "pointwise" and self.k.is_row(r)]
+        return rows, [r for r in roots if r.kind == "pointwise" and not self.k.is_row(r)]
+
     def reduction_value(self, scope, r, idx):
         """The value reduction `r` reduces, at index `idx` of the space, in its accumulator's type."""
         value = r.body(idx)
@@ -387,20 +405,15 @@ class Codegen:
         tile = xblock * rblock
         warps = 2 if tile <= 256 else 4 if tile <= 2048 else 8 if tile <= 8192 else 16
         self.x_full, self.r_full = X % xblock == 0, R % rblock == 0 and R > 0
-        i64 = ".to(tl.int64)" if self.int64 else ""
-        head = [f"    xnumel = {X}", f"    rnumel = {R}",
-                f"    xoffset = tl.program_id(0){i64} * XBLOCK",
-                "    xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
-                "    xmask = xindex < xnumel"]
+        head = self.reduction_head(X, R)
         full_idx = k.full_index()
-        rows = [r for r in roots if r.kind == "pointwise" and k.is_row(r)]
-        fulls = [r for r in roots if r.kind == "pointwise" and not k.is_row(r)]
+        rows, fulls = self.pointwise_roots(roots)
         s = Scope()
         if R == 0:   # empty rows: every reduction is its identity, and full-size outputs are empty
             for r in reds:
                 cdt = compute_dtype(r.meta.get("acc_dtype", r.dtype))
                 ident = self.identity(r) if cdt != torch.bool else ("1" if r.rtype == "min" else "0")
-                self.finish_reduction(s, r, f"tl.full([XBLOCK, 1], {ident}, {TL[torch.int32 if cdt == torch.bool else cdt]})")
+                self.finish_reduction(s, r, f"tl.full([XBLOCK, 1], {ident}, {TL[self.acc_dtype(r)]})")
             self.store_rows_and_reductions(s, reds, rows)
             return head + s.lines, dict(XBLOCK=xblock, RBLOCK=1, num_warps=warps, grid=(math.ceil(X / xblock),))
         if persistent:
@@ -424,9 +437,7 @@ class Codegen:
             for r in group:
                 self.counter += 1
                 acc = f"acc{self.counter}"
-                cdt = compute_dtype(r.meta.get("acc_dtype", r.dtype))
-                cdt = torch.int32 if cdt == torch.bool else cdt
-                s.lines.append(f"    {acc} = tl.full([XBLOCK, RBLOCK], {self.identity(r)}, {TL[cdt]})")
+                s.lines.append(f"    {acc} = tl.full([XBLOCK, RBLOCK], {self.identity(r)}, {TL[self.acc_dtype(r)]})")
                 accs.append(acc)
                 if r in online:
                     s.lines.append(f"    {acc}_sum = tl.full([XBLOCK, RBLOCK], 0, tl.float32)")
@@ -469,11 +480,6 @@ class Codegen:
         xblock = min(1024, next_pow2(X))
         warps = max(1, min(4, xblock // 256))
         self.x_full, self.r_full = X % xblock == 0, True
-        i64 = ".to(tl.int64)" if self.int64 else ""
-        head = [f"    xnumel = {X}",
-                f"    xoffset = tl.program_id(0){i64} * XBLOCK",
-                "    xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
-                "    xmask = xindex < xnumel"]
         s = Scope()
         levels = self.levels(reds)
         for lvl in sorted(set(levels.values())):
@@ -482,17 +488,17 @@ class Codegen:
                 for j in range(R):
                     term = self.reduction_value(s, r, k.full_index(j))
                     if not term.startswith("tmp"):   # a literal: give it the block's shape
-                        cdt = compute_dtype(r.meta.get("acc_dtype", r.dtype))
-                        term = self.tmp(s, f"tl.full([XBLOCK, 1], {term}, {TL[torch.int32 if cdt == torch.bool else cdt]})", False)
+                        term = self.tmp(s, f"tl.full([XBLOCK, 1], {term}, {TL[self.acc_dtype(r)]})", False)
                     acc = term if acc is None else self.tmp(s, self.combine(r, acc, term), False)
                 self.finish_reduction(s, r, acc)
-        rows = [r for r in roots if r.kind == "pointwise" and k.is_row(r)]
+        rows, fulls = self.pointwise_roots(roots)
         self.store_rows_and_reductions(s, reds, rows)
-        for r in (r for r in roots if r.kind == "pointwise" and not k.is_row(r)):
+        for r in fulls:
             for j in range(R):
                 idx = k.full_index(j)
                 self.store(s, r, idx, self.value(s, r(idx)))
-        return head + s.lines, dict(XBLOCK=xblock, RBLOCK=1, num_warps=warps, grid=(math.ceil(X / xblock),))
+        return self.reduction_head(X, R) + s.lines, dict(XBLOCK=xblock, RBLOCK=1, num_warps=warps,
+                                                          grid=(math.ceil(X / xblock),))
 
     def combine(self, r, a, b):
         """Source combining two partial results of reduction `r` (sum, prod, max, min)."""
