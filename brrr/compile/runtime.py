@@ -277,8 +277,8 @@ def build(plan, gm, cuda_graphs=False, kind="graph"):
     done_fx = {}
     launches, kernel_steps = [], {}
     allocated, fresh = set(), set()   # fresh: allocated by this call (aligned), not memory reused from another
-    for kind, step in plan.steps:
-        if kind == "aten":
+    for step_kind, step in plan.steps:
+        if step_kind == "aten":
             n = step
             fx = n.fx
             if n.kind == "pointwise":   # a view of a materialized tensor: run it as the ATen view it is
@@ -317,7 +317,7 @@ def build(plan, gm, cuda_graphs=False, kind="graph"):
                 lines.append(f"    {var(n)} = {got}")
             else:   # kernels bake in the layout the meta function promised: hold ATen to it
                 lines.append(f"    {var(n)} = layout({got}, {tuple(n.stride)})")
-        elif kind == "empty":
+        elif step_kind == "empty":
             lines.append(f"    {var(step)} = {_alloc(step, const)}")
             fresh.add(step)
         else:

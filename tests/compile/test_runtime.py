@@ -148,6 +148,13 @@ def test_generated_call_is_readable_python():
     assert "def call(args):" in src and "extern" in src and "# grid (" in src
 
 
+def test_compiled_graph_knows_its_kind():
+    # the kind names the graph in fallback logs and explain; a step's kind ("kernel", "aten") once shadowed it
+    assert built_graph(lambda x: (x.relu() + 1).sum(1), torch.randn(4, 8)).kind == "inference"
+    x = torch.randn(4, 8, requires_grad=True)
+    assert built_graph(lambda x: (x.relu() + 1).sum(1), x).kind == "backward"
+
+
 def test_launchers_know_which_arguments_the_call_allocated():
     call = built_graph(lambda x: (x.relu() + 1).sum(1), torch.randn(4, 8)).call
     launchers = [v for v in call.__globals__.values() if isinstance(v, runtime.Launcher)]
