@@ -109,7 +109,7 @@ def main(argv=None):
     report("eager forward (grad on)", eager_fwd)
     report("eager backward (step - forward)", eager_step - eager_fwd)
 
-    compiled = torch.compile(model, backend="brrr")
+    compiled = brrr.compile(model)
     with Recorder() as rec:
         seed_step(compiled, x, cot)()
     brrr_step = time_us(seed_step(compiled, x, cot))
@@ -134,7 +134,7 @@ def main(argv=None):
     out = torch.empty_like(a)
     report("eager torch.add(a, b, out=out)", time_us(lambda: torch.add(a, b, out=out), calls * 5))
     report("eager a + b", time_us(lambda: a + b, calls * 5))
-    add = torch.compile(lambda u, v: u + v, backend="brrr")
+    add = brrr.compile(lambda u, v: u + v)
     with Recorder() as rec:
         add(a, b)
     report("brrr compiled fn (Dynamo + lean + call)", time_us(lambda: add(a, b), calls * 5))
