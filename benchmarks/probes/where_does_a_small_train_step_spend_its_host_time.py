@@ -67,6 +67,25 @@ class Recorder:
         self.cls.__call__ = self.orig
 
 
+class Timed(Recorder):
+    """Adds up the wall time spent inside each kind of CompiledGraph call."""
+
+    def __enter__(self):
+        import collections
+        self.totals = collections.Counter()
+        orig, totals = self.orig, self.totals
+
+        def timed(graph, *args):
+            t0 = time.perf_counter()
+            try:
+                return orig(graph, *args)
+            finally:
+                totals[graph.kind] += time.perf_counter() - t0
+
+        self.cls.__call__ = timed
+        return self
+
+
 def seed_step(model, x, cot):
     params = list(model.parameters())
 
@@ -127,6 +146,33 @@ def main(argv=None):
         report("eager step, autograd device threads off", time_us(seed_step(model, x, cot)))
     finally:
         torch.autograd.set_multithreading_enabled(True)
+
+    print("\n-- the same step at batch 64, 32 wide: host time alone (the device never waits on nobody)")
+    tiny, (tx,) = mlp(device=device, dtype=dtype, batch=64, dim=32)
+    tiny.train()
+    tcot = torch.randn(tx.shape, device=device, dtype=dtype)
+    variants = [("eager", lambda m: m), ("dynamo, backend eager (Dynamo's own cost)",
+                                        lambda m: torch.compile(m, backend="eager")),
+                ("aot_eager (AOTAutograd's runtime, ATen ops)", lambda m: torch.compile(m, backend="aot_eager")),
+                ("brrr", lambda m: brrr.compile(m))]
+    if device == "cuda":
+        variants.append(("brrr, cuda_graphs (fixed cost: Dynamo + Function + engine)",
+                         lambda m: brrr.compile(m, cuda_graphs=True)))
+    for name, make in variants:
+        torch._dynamo.reset()
+        fn = make(tiny)
+        seed_step(fn, tx, tcot)()
+        step_us = time_us(seed_step(fn, tx, tcot))
+        fwd_us = time_us(forward_only(fn, tx))
+        report(f"step: {name}", step_us, f"forward {fwd_us:.1f} us, backward {step_us - fwd_us:.1f} us")
+        if name == "brrr":
+            with Timed() as timed:
+                steps = 5 if device == "cpu" else 400
+                for _ in range(steps):
+                    seed_step(fn, tx, tcot)()
+            for kind, total in timed.totals.items():
+                report(f"   inside brrr's {kind} CompiledGraph", total / steps * 1e6)
+    torch._dynamo.reset()
 
     print("\n-- one launch (a + b on 4096 elements)")
     a = torch.randn(4096, device=device, dtype=dtype)
