@@ -166,12 +166,25 @@ def main(argv=None):
         fwd_us = time_us(forward_only(fn, tx))
         report(f"step: {name}", step_us, f"forward {fwd_us:.1f} us, backward {step_us - fwd_us:.1f} us")
         if name == "brrr":
-            with Timed() as timed:
-                steps = 5 if device == "cpu" else 400
-                for _ in range(steps):
-                    seed_step(fn, tx, tcot)()
-            for kind, total in timed.totals.items():
-                report(f"   inside brrr's {kind} CompiledGraph", total / steps * 1e6)
+            steps = 5 if device == "cpu" else 400
+            for threads in (True, False):
+                torch.autograd.set_multithreading_enabled(threads)
+                try:
+                    if not threads:
+                        report("step: brrr, autograd device threads off", time_us(seed_step(fn, tx, tcot)))
+                    with Timed() as timed:
+                        for _ in range(steps):
+                            seed_step(fn, tx, tcot)()
+                finally:
+                    torch.autograd.set_multithreading_enabled(True)
+                for kind, total in timed.totals.items():
+                    report(f"   inside brrr's {kind} CompiledGraph, device threads {'on' if threads else 'off'}",
+                           total / steps * 1e6)
+            with Recorder() as rec:
+                seed_step(fn, tx, tcot)()
+            for kind, (graph, boxed) in rec.calls.items():
+                report(f"   brrr's {kind} generated call alone, on the main thread",
+                       time_us(lambda: graph.call(list(boxed))))
     torch._dynamo.reset()
 
     print("\n-- one launch (a + b on 4096 elements)")
@@ -245,6 +258,8 @@ def main(argv=None):
     report("aten.addmm.default._op (small)", time_us(lambda: addmm._op(bias, t, w), calls * 5))
     report("torch.addmm (small)", time_us(lambda: torch.addmm(bias, t, w), calls * 5))
     report("aten.mm.default._op (small)", time_us(lambda: torch.ops.aten.mm.default._op(t, w), calls * 5))
+    import threading
+    print("\nPython threads at the end:", [t.name for t in threading.enumerate()])
 
 
 if __name__ == "__main__":
