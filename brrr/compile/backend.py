@@ -96,12 +96,15 @@ def can_run_kernels(gm):
 
 
 def plan_graph(gm, forced=None):
-    """FX graph -> scheduled Plan (no kernels run, nothing compiled); `forced` FX nodes run as ATen calls."""
+    """FX graph -> scheduled Plan (no kernels run, nothing compiled); `forced` FX nodes run as ATen calls.
+    Unaligned matmuls are padded first, in gm itself (matmul_padding.py), so its ATen fallback runs them too."""
     from brrr.compile.lower import lower
+    from brrr.compile.matmul_padding import pad_matmuls
     from brrr.compile.schedule import schedule
     # a node's value inlines its chain of pointwise producers, one Python call per link: a backward graph's
     # gradient sums chain hundreds (Inductor raises the limit for the same reason)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
+    pad_matmuls(gm)
     return schedule(lower(gm, forced))
 
 

@@ -48,6 +48,7 @@ class Explanation:
     graphs: list = field(default_factory=list)       # graph kinds captured
     notes: list = field(default_factory=list)
     seen: list = field(default_factory=list)         # fallbacks.Fallback of kernel/graph scope while compiling
+    paddings: list = field(default_factory=list)     # (graph, matmul_padding.Padding): unaligned matmuls
 
     def planned(self, kind, gm, plan, kernels):
         """compile_graph's sink: one planned graph."""
@@ -78,6 +79,10 @@ class Explanation:
             lines.append("externs (ATen library calls):")
             for e in self.externs:
                 lines.append(f"  [{e.graph}] {e.op}({e.shapes}) {_fmt(e.bytes)}")
+        if self.paddings:
+            lines.append("unaligned matmuls (padded to 16-byte leading dimensions where it pays):")
+            for g, p in self.paddings:
+                lines.append(f"  [{g}] {p}")
         if self.fallbacks:
             lines.append("fallbacks (run as ATen, not fused), by scope:")
             for f in self.fallbacks:
@@ -140,8 +145,10 @@ def _shapes(fx):
 def record(ex, kind, gm, plan, kernels):
     """add one planned graph to the Explanation."""
     from brrr.cost.ops import tensor_bytes
+    from brrr.compile.matmul_padding import DECISIONS
     from brrr.compile.schedule import load_bytes
     ex.graphs.append(kind)
+    ex.paddings.extend((kind, p) for p in gm.meta.get(DECISIONS, []))
     for fx in gm.graph.nodes:
         if fx.op == "call_function" and getattr(fx.target, "__name__", "") != "getitem":
             ex.bytes_unfused += _fx_cost(fx)
