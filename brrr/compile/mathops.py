@@ -83,6 +83,35 @@ OPS = {
     "gelu_tanh": _float("0.5 * {0} * (1.0 + tanh(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0})))",
                         "tanh"),
     "pow": _float("pow({0}, {1})", "pow"),
+    # special functions: shim helpers that follow eager's float32 algorithms (codegen/shim.py), fp32-accurate
+    "lgamma": _float("lgamma({0})", "lgamma"), "digamma": _float("digamma({0})", "digamma", "signbit"),
+    "trigamma": _float("trigamma({0})", "trigamma"), "zeta": _float("zeta({0}, {1})", "zeta", "zeta_powi", "pow"),
+    "erfinv": _float("erfinv({0})", "erfinv"), "erfcx": _float("erfcx({0})", "erfcx"),
+    "ndtri": _float("ndtri({0})", "ndtri"),
+    "i0": _float("bessel_i0({0})", "bessel_i0"), "i0e": _float("bessel_i0e({0})", "bessel_i0e"),
+    "i1": _float("bessel_i1({0})", "bessel_i1"), "i1e": _float("bessel_i1e({0})", "bessel_i1e"),
+    "modified_bessel_i1": _float("modified_bessel_i1({0})", "modified_bessel_i1"),
+    "modified_bessel_k0": _float("bessel_k0({0}, False)", "bessel_k0", "bessel_i0"),
+    "scaled_modified_bessel_k0": _float("bessel_k0({0}, True)", "bessel_k0", "bessel_i0"),
+    "modified_bessel_k1": _float("bessel_k1({0}, False)", "bessel_k1", "modified_bessel_i1"),
+    "scaled_modified_bessel_k1": _float("bessel_k1({0}, True)", "bessel_k1", "modified_bessel_i1"),
+    "bessel_j0": _float("bessel_j0({0})", "bessel_j0"), "bessel_j1": _float("bessel_j1({0})", "bessel_j1"),
+    "bessel_y0": _float("bessel_y0({0})", "bessel_y0", "bessel_j0"),
+    "bessel_y1": _float("bessel_y1({0})", "bessel_y1", "bessel_j1"),
+    "spherical_bessel_j0": _float("spherical_bessel_j0({0})", "spherical_bessel_j0"),
+    "airy_ai": _float("airy_ai({0})", "airy_ai"),
+    **{name: _float(f"{helper}({{0}}, {{1}})", helper, "cheb_rec", "poly_n", "poly_even", "acos_f", "atan", "atan2",
+                    "trunc")
+       for name, helper in (("chebyshev_polynomial_t", "chebyshev_t"), ("chebyshev_polynomial_u", "chebyshev_u"),
+                            ("chebyshev_polynomial_v", "chebyshev_v"), ("chebyshev_polynomial_w", "chebyshev_w"),
+                            ("shifted_chebyshev_polynomial_t", "shifted_chebyshev_t"),
+                            ("shifted_chebyshev_polynomial_u", "shifted_chebyshev_u"),
+                            ("shifted_chebyshev_polynomial_v", "shifted_chebyshev_v"),
+                            ("shifted_chebyshev_polynomial_w", "shifted_chebyshev_w"))},
+    "hermite_polynomial_h": _float("hermite_h({0}, {1}, True)", "hermite_h", "poly_n", "trunc"),
+    "hermite_polynomial_he": _float("hermite_h({0}, {1}, False)", "hermite_h", "poly_n", "trunc"),
+    "laguerre_polynomial_l": _float("laguerre_l({0}, {1})", "laguerre_l", "poly_n", "trunc"),
+    "legendre_polynomial_p": _float("legendre_p({0}, {1})", "legendre_p", "poly_n", "poly_even", "trunc"),
     # predicates
     "isnan": {FLOAT: _t("{0} != {0}"), INT: _t("{0} != {0}"), BOOL: _t("{0} != {0}")},
     "signbit": {FLOAT: _t("signbit({0})", "signbit"), INT: _t("{0} < 0"), BOOL: _t("{0} != {0}")},
@@ -93,8 +122,15 @@ OPS = {
     "cast": None, "round_to": None, "pow_scalar": None,
 }
 SPECIAL = frozenset(name for name, entry in OPS.items() if entry is None)
+SPECIAL_FUNCTIONS = frozenset({
+    "lgamma", "digamma", "trigamma", "zeta", "erfinv", "erfcx", "ndtri", "i0", "i0e", "i1", "i1e", "modified_bessel_i1",
+    "modified_bessel_k0", "scaled_modified_bessel_k0", "modified_bessel_k1", "scaled_modified_bessel_k1", "bessel_j0",
+    "bessel_j1", "bessel_y0", "bessel_y1", "spherical_bessel_j0", "airy_ai", "chebyshev_polynomial_t",
+    "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w", "shifted_chebyshev_polynomial_t",
+    "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v", "shifted_chebyshev_polynomial_w",
+    "hermite_polynomial_h", "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p"})
 # computed to fp32 accuracy by the shim (a polynomial), so float64 tensors keep ATen's exact result
-FP32_ACCURATE = frozenset({"atan", "atan2", "asin", "acos"})
+FP32_ACCURATE = frozenset({"atan", "atan2", "asin", "acos"}) | SPECIAL_FUNCTIONS
 
 
 def kind_of(dtype):

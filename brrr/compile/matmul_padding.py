@@ -23,10 +23,12 @@ The cost model: an unaligned matmul takes UNALIGNED_SLOWDOWN times an aligned on
 H100; the constant is conservative), the padded one its padded FLOPs at the device's matmul peak plus each
 pad's bytes (read and written) at its bandwidth and PAD_LAUNCH_S per pad kernel. Datasheet figures (brrr.cost)
 give the ratio; the decision does not depend on measuring this machine. Each decision, padded or not, is kept
-on the graph (`gm.meta[DECISIONS]`) and listed by `brrr explain`.
+on the graph (`gm.meta[DECISIONS]`) and listed by `brrr explain`. BRRR_PAD_MATMULS=0 turns padding off.
 """
 
 from dataclasses import dataclass
+
+import os
 
 import torch
 
@@ -104,6 +106,8 @@ def pad_matmuls(gm):
     """Rewrite gm's unaligned matmuls where padding pays (in place; idempotent). Returns the new decisions,
     which are also appended to gm.meta[DECISIONS]."""
     decisions, pads = [], {}
+    if os.environ.get("BRRR_PAD_MATMULS") == "0":
+        return decisions
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _MATMULS:
             continue

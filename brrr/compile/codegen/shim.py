@@ -2,8 +2,10 @@
 
 `tl.math` has exp/log/sin/cos/sqrt/rsqrt/erf/floor/ceil in both triton 3.6 and 3.9 and in the interpreter;
 tanh, pow and a few more are not portable (libdevice is GPU-only), so they are written here as small
-@triton.jit functions from portable primitives. Codegen copies only the helpers a kernel uses into its module.
+@triton.jit functions from portable primitives; the special functions (lgamma, Bessel, ...) are in
+special_functions.py. Codegen copies only the helpers a kernel uses into its module.
 """
+
 
 HELPERS = {
     "tanh": '''
@@ -177,6 +179,11 @@ def remainder_int(a, b):
     return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
 ''',
 }
+
+from brrr.compile.codegen.special_functions import SPECIAL_HELPERS  # noqa: E402
+
+HELPERS.update(SPECIAL_HELPERS)
+
 
 def prelude(used):
     return "".join(HELPERS[name] for name in sorted(used))

@@ -18,11 +18,25 @@ UNARY = {"abs": "abs", "neg": "neg", "exp": "exp", "exp2": "exp2", "expm1": "exp
          "sinh": "sinh", "cosh": "cosh", "atan": "atan", "asin": "asin", "acos": "acos", "erfc": "erfc",
          "bitwise_not": "bitwise_not", "logical_not": "logical_not", "isnan": "isnan", "isinf": "isinf",
          "sgn": "sign", "frac": "frac", "square": "square", "acosh": "acosh", "asinh": "asinh", "atanh": "atanh",
-         "signbit": "signbit"}
+         "signbit": "signbit",
+         # special functions (mathops.SPECIAL_FUNCTIONS)
+         "lgamma": "lgamma", "digamma": "digamma", "erfinv": "erfinv", "i0": "i0", "special_i0e": "i0e",
+         "special_i1": "i1", "special_i1e": "i1e", "special_erfcx": "erfcx", "special_ndtri": "ndtri",
+         "special_modified_bessel_i0": "i0", "special_modified_bessel_i1": "modified_bessel_i1",
+         "special_modified_bessel_k0": "modified_bessel_k0", "special_modified_bessel_k1": "modified_bessel_k1",
+         "special_scaled_modified_bessel_k0": "scaled_modified_bessel_k0",
+         "special_scaled_modified_bessel_k1": "scaled_modified_bessel_k1", "special_bessel_j0": "bessel_j0",
+         "special_bessel_j1": "bessel_j1", "special_bessel_y0": "bessel_y0", "special_bessel_y1": "bessel_y1",
+         "special_spherical_bessel_j0": "spherical_bessel_j0", "special_airy_ai": "airy_ai"}
 BINARY = {"mul": "mul", "div": "div", "maximum": "maximum", "minimum": "minimum", "pow": "pow",
           "bitwise_and": "and", "bitwise_or": "or", "bitwise_xor": "xor", "remainder": "remainder",
           "fmod": "fmod", "atan2": "atan2", "fmax": "maximum", "fmin": "minimum", "hypot": "hypot",
-          "copysign": "copysign"}
+          "copysign": "copysign", "special_zeta": "zeta",
+          **{f"special_{p}": p for p in ("chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v",
+                                         "chebyshev_polynomial_w", "shifted_chebyshev_polynomial_t",
+                                         "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
+                                         "shifted_chebyshev_polynomial_w", "hermite_polynomial_h",
+                                         "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p")}}
 COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
            "logical_and": "and", "logical_or": "or", "logical_xor": "ne"}
 
@@ -79,6 +93,24 @@ def lower_binary(L, fx, a, b, **kw):
         out = meta(fx).dtype
         return pw(L, fx, lambda idx: Op("pow", [Const(a, out), cast(value_of(b, idx, ()), out)], out))
     return elementwise(L, fx, name, [a, b])
+
+
+@register("polygamma")
+def lower_polygamma(L, fx, n, x):
+    """polygamma(n, x) as eager: digamma for n = 0, its float32 trigamma for n = 1, else
+    (-1)^(n+1) exp(lgamma(n + 1)) zeta(n + 1, x)."""
+    if isinstance(n, ir.Node) or not 0 <= n <= 30:
+        raise NotLowered("polygamma of an order other than a constant 0..30")
+    out = meta(fx).dtype
+    get = operands(L, fx, [x], out)
+    if n <= 1:
+        return pw(L, fx, lambda idx: Op("digamma" if n == 0 else "trigamma", get(idx), out))
+    factor = torch.tensor(n + 1.0).lgamma().exp().item() * (1 if n % 2 else -1)   # in float32, as eager
+
+    def fn(idx):
+        z = Op("zeta", [Const(float(n + 1), out)] + get(idx), out)
+        return Op("mul", [Const(factor, out), z], out)
+    return pw(L, fx, fn)
 
 
 @register("add", "sub")
