@@ -19,9 +19,11 @@ operand or output has an unaligned leading dimension is rewritten, when the cost
   the original layout follows. Every node after the matmul sees exactly the strides it was traced with, and
   the clone, a pointwise node, is fused into its readers when they are brrr kernels.
 
-The cost model: an unaligned matmul takes UNALIGNED_SLOWDOWN times an aligned one (measured: ~5x on the
-H100; the constant is conservative), the padded one its padded FLOPs at the device's matmul peak plus each
-pad's bytes (read and written) at its bandwidth and PAD_LAUNCH_S per pad kernel. Datasheet figures (brrr.cost)
+The cost model: an unaligned matmul takes UNALIGNED_SLOWDOWN[alignment] times an aligned one, by the worst
+leading dimension's alignment in bytes (measured on the H100, bf16, an LM head's three matmuls at 8192 x 768:
+4.5-6.6x at 2 bytes, 2.6-2.8x at 4, 2.4-2.5x at 8; the table is a little under), the padded one its padded
+FLOPs at the device's matmul peak plus each pad's bytes (read and written) at its bandwidth and PAD_LAUNCH_S
+per pad kernel. Datasheet figures (brrr.cost)
 give the ratio; the decision does not depend on measuring this machine. Each decision, padded or not, is kept
 on the graph (`gm.meta[DECISIONS]`) and listed by `brrr explain`. BRRR_PAD_MATMULS=0 turns padding off.
 """
@@ -36,7 +38,7 @@ aten = torch.ops.aten
 
 DECISIONS = "brrr_matmul_padding"
 ALIGN_BYTES = 16
-UNALIGNED_SLOWDOWN = 3.0
+UNALIGNED_SLOWDOWN = {2: 4.0, 4: 2.3, 8: 2.2}   # alignment of the worst leading dimension, bytes -> x
 PAD_LAUNCH_S = 5e-6
 PAD_DEVICES = ("cuda",)
 _MATMULS = {aten.mm.default: 2, aten.addmm.default: 2, aten.bmm.default: 3, aten.baddbmm.default: 3}
@@ -68,6 +70,19 @@ def _static(t):
 
 def _round_up(n, m):
     return (n + m - 1) // m * m
+
+
+def _alignment(elements, item):
+    """The largest power of two (at most ALIGN_BYTES) dividing a leading dimension of `elements`, in bytes."""
+    b = elements * item
+    return min(b & -b, ALIGN_BYTES) if b else ALIGN_BYTES
+
+
+def _lead_alignment(t, lead):
+    """The alignment in bytes of matrix t's leading dimension (ALIGN_BYTES for a vector)."""
+    if 1 in tuple(t.shape[-2:]):
+        return ALIGN_BYTES
+    return _alignment(t.stride()[-1 if lead == -2 else -2], t.element_size())
 
 
 def _leading_dim(t):
@@ -150,6 +165,8 @@ def _consider(gm, node, pads):
         need.add("N")   # ATen writes the result row-major: its leading dimension is N
     if not need:
         return None
+    worst = min(_lead_alignment(va, lead_a[0]), _lead_alignment(vb, lead_b[0]),
+                _alignment(n, out.element_size()) if n > 1 else ALIGN_BYTES)
     sizes = {"M": m, "K": k, "N": n}
     dims = {d: (sizes[d], _round_up(sizes[d], align)) for d in sorted(need)}
     padded_size = {d: dims.get(d, (s, s))[1] for d, s in sizes.items()}
@@ -171,7 +188,7 @@ def _consider(gm, node, pads):
     if "N" in dims:   # the clone back to the traced layout, when something stores it
         pad_bytes += 2 * batch * m * n * out.element_size()
         n_pads += 1
-    unaligned_s = flops / peak * UNALIGNED_SLOWDOWN
+    unaligned_s = flops / peak * UNALIGNED_SLOWDOWN.get(worst, 1.0)
     padded_s = padded_flops / peak + pad_bytes / bandwidth + n_pads * PAD_LAUNCH_S
     shape = f"{list(va.shape)} @ {list(vb.shape)}"
     why = f"predicted {unaligned_s * 1e3:.3f} ms unaligned, {padded_s * 1e3:.3f} ms padded"

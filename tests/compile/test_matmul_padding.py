@@ -18,7 +18,7 @@ def pad_everywhere(monkeypatch):
     """The policy as on a GPU, on CPU tensors, with padding always paying (the sizes here are tiny)."""
     monkeypatch.setattr(mp, "PAD_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(mp, "PAD_LAUNCH_S", 0.0)
-    monkeypatch.setattr(mp, "UNALIGNED_SLOWDOWN", 100.0)
+    monkeypatch.setattr(mp, "UNALIGNED_SLOWDOWN", {2: 100.0, 4: 100.0, 8: 100.0})
 
 
 def _padded_graph(fn, *args):
@@ -94,6 +94,11 @@ def test_large_unaligned_matmul_pays_under_the_default_cost_model(monkeypatch):
         gm = make_fx(lambda h, w: h @ w.t(), tracing_mode="fake")(h, w)
     (d,) = mp.pad_matmuls(gm)
     assert d.padded and d.dims == {"N": (50257, 50264)}
+
+
+def test_the_slowdown_follows_the_worst_leading_dimension():
+    assert [mp._alignment(n, 2) for n in (50257, 30522, 50260, 50264)] == [2, 4, 8, 16]
+    assert mp._alignment(1001, 4) == 4 and mp._alignment(0, 2) == 16
 
 
 def test_cpu_graphs_are_left_alone():

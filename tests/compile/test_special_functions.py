@@ -94,3 +94,16 @@ def test_backward_through_gamma_functions():
     x64 = x.detach().double().requires_grad_()
     exact, = torch.autograd.grad(fn(x64), x64)
     assert judge.compare_one(g, ref, exact) is None
+
+
+def test_orthogonal_polynomials_keep_aten_on_the_gpu():
+    # eager's CUDA kernels give NaN where its CPU kernels (which brrr follows) do not (measured on the H100):
+    # planned on fake CUDA tensors, the polynomial runs as ATen and the Bessel function stays in a kernel
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from brrr.compile.lower import lower
+    with FakeTensorMode():
+        x, n = torch.empty(8, device="cuda"), torch.empty(8, device="cuda")
+        gm = make_fx(lambda x, n: (S.chebyshev_polynomial_t(x, n) + 1, S.bessel_j0(x)), tracing_mode="fake")(x, n)
+    assert [(fx.name, scope) for fx, _, scope in lower(gm).fallbacks] == [("special_chebyshev_polynomial_t", "op")]

@@ -37,6 +37,7 @@ BINARY = {"mul": "mul", "div": "div", "maximum": "maximum", "minimum": "minimum"
                                          "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
                                          "shifted_chebyshev_polynomial_w", "hermite_polynomial_h",
                                          "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p")}}
+POLYNOMIALS = {name for name in BINARY.values() if "polynomial" in name}
 COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
            "logical_and": "and", "logical_or": "or", "logical_xor": "ne"}
 
@@ -92,6 +93,9 @@ def lower_binary(L, fx, a, b, **kw):
     if name == "pow" and not isinstance(a, ir.Node):
         out = meta(fx).dtype
         return pw(L, fx, lambda idx: Op("pow", [Const(a, out), cast(value_of(b, idx, ()), out)], out))
+    if name in POLYNOMIALS and meta(fx).device.type == "cuda":
+        raise NotLowered("orthogonal polynomial on the GPU: brrr's kernel follows eager's CPU algorithm, and "
+                         "eager's CUDA kernel gives NaN at other non-finite arguments")
     return elementwise(L, fx, name, [a, b])
 
 
