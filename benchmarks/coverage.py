@@ -1,6 +1,6 @@
 """The op_db coverage table: how much of torch's op_db brrr lowers to its own kernels rather than running as ATen.
 
-    .venv/bin/python benchmarks/coverage.py               # runs the whole sweep (BRRR_OPDB_FULL=1, 2 workers)
+    .venv/bin/python benchmarks/coverage.py               # runs the whole sweep (2 workers)
     .venv/bin/python benchmarks/coverage.py --from DIR    # tabulates the outcomes a run recorded in DIR
 
 The sweep (tests/compile/opdb.py, run by tests/compile/test_opdb.py) records one JSON line per sample when
@@ -40,7 +40,7 @@ FAMILIES = ("pointwise", "reduction", "view", "other", "factory", "random", "con
 
 def run_sweep(record_dir, workers, full=True):
     env = dict(os.environ, BRRR_OPDB_RECORD=str(Path(record_dir) / "outcomes"), TRITON_INTERPRET="1",
-               PYTHONPATH=str(ROOT), BRRR_OPDB_FULL="1" if full else "0")
+               PYTHONPATH=str(ROOT), BRRR_OPDB_CUT="0" if full else "1")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "-n", str(workers),
            "tests/compile/test_opdb.py", "-k", "test_op_matches_eager"]
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode
@@ -81,6 +81,21 @@ def summary(rows):
         "wrong": sum(r["outcome"] == "wrong" for r in rows),
         "crash": sum(r["outcome"] == "crash" for r in rows),
     }
+
+
+TARGET_FAMILIES = ("pointwise", "reduction", "view")
+
+
+def target_share(rows):
+    """The reliability issue's measure, ([in kernels, samples], {family: [in kernels, samples]}): the float32
+    forward samples of pointwise, reduction and view OpInfos that ran wholly in brrr's kernels."""
+    counts = {f: [0, 0] for f in TARGET_FAMILIES}
+    for e in per_opinfo(rows).values():
+        case = e["cases"].get("float32 forward")
+        if e["family"] in counts and case:
+            counts[e["family"]][0] += case[0]
+            counts[e["family"]][1] += case[1]
+    return [sum(c[0] for c in counts.values()), sum(c[1] for c in counts.values())], counts
 
 
 THEMES = [   # (theme of an ATen op brrr has no lowering for, name patterns)
@@ -208,7 +223,7 @@ def tabulate(rows, commit, date, full):
     torch_v, triton_v = versions()
     matrix = ("float32, bfloat16, float16, int64 and bool forward where the op has the dtype, float32 backward "
               "where it supports autograd; the first two samples of each, as given and as a non-contiguous copy"
-              if full else "CI's cut (tests/compile/test_opdb.py's docstring)")
+              if full else "the cut (BRRR_OPDB_CUT=1, tests/compile/test_opdb.py's docstring)")
     out = ["# op_db coverage", "",
            f"`benchmarks/coverage.py` at commit `{commit}` ({date}; torch {torch_v}, triton {triton_v}; CPU, "
            f"kernels in the Triton interpreter). Every OpInfo of `op_db` and its variants; {matrix}. Outcomes: "
@@ -278,7 +293,7 @@ def tabulate(rows, commit, date, full):
 def as_json(rows, commit, date, full):
     torch_v, triton_v = versions()
     return {"commit": commit, "date": date, "torch": torch_v, "triton": triton_v, "device": "cpu (Triton interpreter)",
-            "matrix": "full" if full else "ci-cut", "summary": summary(rows),
+            "matrix": "full" if full else "cut", "summary": summary(rows),
             "per_case": {case_name(d, b): dict(collections.Counter(r["outcome"] for r in rows
                                                                    if r["dtype"] == d and r["backward"] == b))
                          for d, b in CASES},
@@ -288,6 +303,7 @@ def as_json(rows, commit, date, full):
 
 def docs_page(rows, commit, date, table_path):
     s = summary(rows)
+    target, by_family = target_share(rows)
     rel = os.path.relpath(table_path, ROOT / "docs")
     out = ["# op_db coverage", "",
            "How much of torch's `op_db` brrr compiles itself. `tests/compile/test_opdb.py` runs every OpInfo "
@@ -296,21 +312,24 @@ def docs_page(rows, commit, date, table_path):
            "wrong result or a crash fails the test. Whatever brrr cannot do correctly it refuses at lowering, and "
            "that op runs as an ATen call inside the compiled graph (an op-scope fallback, "
            "`brrr/compile/fallbacks.py`); those fallbacks are what this page counts.", "",
-           "Regenerate (about 6 minutes on two cores; writes the table, its JSON and this page):", "",
+           "Regenerate (about 5 minutes on two cores; writes the table, its JSON and this page):", "",
            "    TRITON_INTERPRET=1 .venv/bin/python benchmarks/coverage.py", "",
-           "It runs the whole matrix (`BRRR_OPDB_FULL=1`): forward in float32, bfloat16, float16, int64 and bool "
+           "It runs the whole matrix, as CI does: forward in float32, bfloat16, float16, int64 and bool "
            "where the op has the dtype, backward in float32 where it supports autograd, the first two samples of "
-           "each as given and as a non-contiguous copy. CI runs a cut of it (see `test_opdb.py`).", "",
+           "each as given and as a non-contiguous copy (`BRRR_OPDB_CUT=1` runs a cut, see `test_opdb.py`).", "",
            f"## The numbers (commit `{commit}`, {date})", "",
            headline(s), "",
            "- an **OpInfo** counts as lowered when every sample of every one of its cases ran in brrr's kernels "
            "(a designed extern, matmul, conv or attention, counts as brrr's); one op of one sample falling back "
            "is enough to count it out;",
            "- a **case** is one OpInfo in one dtype, forward or backward, with the same rule over its samples;",
-           "- the target is 90% of both. The gap is listed below by reason, largest first: mostly ops brrr has "
-           "no lowering for (linear algebra, special functions, complex numbers and FFT, scatter and indexed "
-           "writes, random sampling, sorting, scans), then forms of lowered ops it refuses (`index_put` other "
-           "than an accumulating one-index write, advanced indexing) and data-dependent output shapes.", "",
+           f"- the reliability issue's target is 90% of the float32 forward samples of pointwise, reduction and "
+           f"view ops: {target[0]} of {target[1]} ({pct(*target)}) run in brrr's kernels ("
+           + ", ".join(f"{f} {pct(*c)}" for f, c in by_family.items()) + "). The gap is listed below by reason, "
+           "largest first: mostly ops brrr has no lowering for (linear algebra, complex numbers and FFT, scatter "
+           "and indexed writes, random sampling, sorting, scans), then forms of lowered ops it refuses "
+           "(`index_put` other than an accumulating one-index write, advanced indexing) and data-dependent "
+           "output shapes.", "",
            f"Per case, per op family and per OpInfo: [{os.path.basename(table_path)}]({rel}).", "",
            "## What still runs as ATen, by reason", "",
            "Each ATen op that fell back somewhere in the sweep, with the OpInfos it fell back in.", ""]
@@ -329,7 +348,7 @@ def docs_page(rows, commit, date, table_path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--from", dest="source", help="tabulate outcomes recorded in this directory (no sweep)")
-    ap.add_argument("--cut", action="store_true", help="run CI's cut instead of the whole matrix")
+    ap.add_argument("--cut", action="store_true", help="run the cut (BRRR_OPDB_CUT=1) instead of the whole matrix")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--date", help="the date in the file names (default: today, UTC)")
     ap.add_argument("--commit", help="the commit in the file names (default: HEAD's short hash)")

@@ -2,7 +2,7 @@
 
 test_opdb.py runs it as one test per (OpInfo, dtype[, backward]); benchmarks/coverage.py tabulates what it
 records. A case takes the first `SAMPLES` sample inputs of its dtype, each as given and as a non-contiguous copy
-(a "variant"; CI's cut, `FULL` below, leaves some out), and runs them through AOTAutograd with brrr's decomposition table, partitioner and
+(a "variant"; the cut, `FULL` below, leaves some out), and runs them through AOTAutograd with brrr's decomposition table, partitioner and
 `compile_graph`: the pipeline `backend="brrr"` runs behind Dynamo, without Dynamo's bytecode capture (3x cheaper
 per sample; Dynamo adds nothing to one op call). The variants of a case are traced as one function, each under
 its own FX annotation, so one compile serves them all and every fallback still names its variant. A variant
@@ -40,11 +40,11 @@ SAMPLES = 2
 LAYOUTS = ("contiguous", "noncontiguous")
 FORWARD_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool)
 BACKWARD_DTYPES = (torch.float32,)
-# CI's cut (the whole matrix with BRRR_OPDB_FULL=1, as benchmarks/coverage.py runs it): the non-contiguous
+# CI and coverage.py run the whole matrix; BRRR_OPDB_CUT=1 runs a cut for quick local runs: the non-contiguous
 # copy only in float32, where strides are what is tested (the index math does not depend on the dtype);
 # float16 only for ops without bfloat16 (both half types load as fp32, compute in fp32 and differ only in
 # the rounding on store; bfloat16's rounding is the one spelled out under the interpreter)
-FULL = os.environ.get("BRRR_OPDB_FULL") == "1"
+FULL = os.environ.get("BRRR_OPDB_CUT") != "1"
 OUTCOMES = ("kernels", "partial", "graph_aten", "wrong", "crash")
 # output values undefined by contract: judged by shape, dtype and strides (torch's own tests call them
 # "not comparable")
