@@ -114,13 +114,18 @@ class Ix:
         mx = rest.max()
         if mx is not None and mx < k:
             return rest
-        if len(keep) == 1 and rest.const == 0:
-            t = keep[0]
-            if k % t.coeff == 0:
-                k2 = k // t.coeff
-                if t.mod is None or t.mod % k2 == 0:
-                    return Ix([Term(t.base, t.brange, t.div, k2, t.coeff)])
-        return _opaque(rest, 1, k)
+        if len(keep) == len(self.terms):
+            if len(keep) == 1 and rest.const == 0:
+                t = keep[0]
+                if k % t.coeff == 0:
+                    k2 = k // t.coeff
+                    if t.mod is None or t.mod % k2 == 0:
+                        return Ix([Term(t.base, t.brange, t.div, k2, t.coeff)])
+            return _opaque(rest, 1, k)
+        # Multiples of k dropped and a modulo still needed: take it of the whole sum, the base `//` opaques
+        # too, so the terms of an unflattened sum merge back (`(q // 56) * 14336 + (q % 56) * 256 == q * 256`
+        # for a split reduction's row q = p * 784 + r; `r % 56` would leave two divisions per element)
+        return _opaque(Ix(self.terms, self.const), 1, k)
 
     def render(self, name_of=str):
         """Triton/Python source; `name_of` names non-string bases (loaded index values)."""

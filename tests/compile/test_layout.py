@@ -1,6 +1,8 @@
 """Memory order: kernels walk their space in the order of what they store (brrr.compile.layout), and give
 eager's values, strides and dtypes on channels_last, transposed, sliced and expanded inputs."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -185,6 +187,25 @@ def test_batch_norm_statistics_read_channels_last_input_once():
     reads_x = [k for k in ks if k.dims and k.shape[-1] == 256 and len(k.shape) == 3]
     assert len(reads_x) == 1 and reads_x[0].is_column()   # sum and sum of squares in one pass over x
     assert len(reads_x[0].roots) >= 2
+
+
+def test_an_unflattened_sum_of_bases_merges_back():
+    # a split column reduction numbers its rows q = p * 784 + r (p from xindex, r from rindex); unflattened
+    # over (64, 56, 56) and read at contiguous strides it is q * 256 again, with no division by 56 left
+    from brrr.compile.indexing import unflatten
+    q = Ix.var("rindex", 784) + (Ix.var("xindex", 65536) // 256) * 784
+    address = linear(unflatten(q, (64, 56, 56)), (802816, 14336, 256)).render()
+    assert not re.search(r"[/%] 56\b", address), address
+    for r, x in [(0, 0), (783, 65535), (57, 300), (500, 40000)]:
+        assert eval(address, {"rindex": r, "xindex": x}) == (r + x // 256 * 784) * 256
+
+
+def test_split_batch_norm_statistics_load_at_an_affine_index():
+    x = torch.empty(64, 256, 56, 56, dtype=torch.bfloat16, device="meta").to(memory_format=torch.channels_last)
+    (_, _, kernels), = plans(lambda x: torch.var_mean(x, (0, 2, 3), correction=0), x)
+    partial = next(ks for k, ks in kernels.items() if len(k.shape) == 3)
+    loads = [line for line in partial.source.splitlines() if "tl.load(in_ptr0 + (" in line and "rindex" in line]
+    assert loads and not any(re.search(r"[/%] 56\b", line) for line in loads), loads
 
 
 @pytest.mark.parametrize("shape, dims", [((8, 16, 16, 16), (0, 2, 3)), ((4, 64, 64, 64), (0, 2, 3)),
