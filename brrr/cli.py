@@ -118,12 +118,20 @@ def build_parser():
     p.add_argument("--json", help="write the ceilings as JSON")
     p.set_defaults(run=cmd_ceilings)
 
-    p = sub.add_parser("experiment", help="the seeds' experiments: repeat (x*2 r times), overhead (batch scaling)")
-    p.add_argument("name", choices=["repeat", "overhead"])
+    p = sub.add_parser(
+        "experiment", help="where this machine's regimes meet: repeat (bandwidth vs compute), overhead (batch)",
+        description="repeat: x = x * 2 applied r times for r = 1, 2, 4, ...: the bytes stay the same while the "
+                    "arithmetic grows, so the time stays flat while the op is bandwidth-bound and grows past the "
+                    "knee where it turns compute-bound. overhead: a model's step timed as its batch doubles: "
+                    "while the time stays flat the step is overhead-bound (Python, dispatch, launches); it stops "
+                    "once each doubling nearly doubles the time.")
+    p.add_argument("name", choices=["repeat", "overhead"],
+                   help="repeat: the bandwidth-to-compute knee; overhead: the batch where overhead stops "
+                        "dominating")
     p.add_argument("--backend", help="torch.compile backend: inductor (the repeat sweep's default) or brrr; "
                                      "the overhead test runs eager unless given one")
     p.add_argument("--device", help="cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default="fp32")
+    p.add_argument("--dtype", default="fp32", help="fp32, bf16 or fp16 (default fp32)")
     p.add_argument("--numel", type=int, default=None, help="elements of x for the repeat sweep (default: 2^28 on GPU)")
     p.add_argument("--max-repeat", type=int, default=256)
     p.add_argument("--example", help="model for the overhead test (default: mlp)")

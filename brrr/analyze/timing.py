@@ -23,6 +23,7 @@ import bisect
 import os
 import statistics
 import sys
+import tempfile
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -55,13 +56,19 @@ def profiled(device, warm_up=True):
     tear_down = cuda and tear_down_cupti_after()
     synchronize(device)
     try:
-        with profile(use_cpu=True, use_device="cuda" if cuda else None, use_kineto=True,
-                     experimental_config=_lean_config()) as prof:
+        prof = profile(use_cpu=True, use_device="cuda" if cuda else None, use_kineto=True,
+                       experimental_config=_lean_config())
+        with without_native_lines(KINETO_NOISE):
+            prof.__enter__()
+        try:
             if warm_up:
                 torch.zeros(1, device=device).add_(1)
                 synchronize(device)
             yield prof
             synchronize(device)
+        finally:
+            with without_native_lines(KINETO_NOISE):
+                prof.__exit__(*sys.exc_info())
     finally:
         if tear_down:
             # Kineto's teardown is lazy: it detaches CUPTI inside the callback of the next kernel launch. A
@@ -69,6 +76,37 @@ def profiled(device, warm_up=True):
             # never returned), so the launch that completes the teardown happens here.
             torch.zeros(1, device=device).add_(1)
             synchronize(device)
+
+
+# what Kineto's C++ prints on stderr as a session starts and stops ("USDT:<time> <pid>:<tid>
+# SyncActivityProfilerHandler.cpp:52] profiler_start"): trace points meant for a tracer, noise in a terminal
+KINETO_NOISE = "USDT:"
+
+
+@contextmanager
+def without_native_lines(prefix):
+    """Run the body with file descriptor 2 captured, then pass on every line but those starting with `prefix`:
+    lines written by C++ (not through sys.stderr) can only be kept off the terminal at the descriptor."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:   # no descriptor 2 (a daemon): nothing reaches a terminal anyway
+        yield
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
+                    if not line.startswith(prefix)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 def tear_down_cupti_after():

@@ -321,3 +321,15 @@ def test_known_steps_skip_what_they_cannot_key_and_keep_the_latest_signatures():
         known.get(Step(model, (torch.randn(n), {"a": [1, 2]}))).wall_s = n
     assert known.get(hashable).wall_s is None
     assert known.get(Step(model, (torch.randn(4), {"a": [1, 2]}))).wall_s == 4
+
+
+def test_a_profiler_session_keeps_kineto_trace_points_off_stderr(capfd):
+    # Kineto's C++ prints "USDT:... profiler_start" / "profiler_stop" on descriptor 2 as a session starts and
+    # stops; other lines written there in that window still reach the user
+    from brrr.analyze.timing import without_native_lines
+    with profiled(torch.device("cpu")):
+        torch.ones(3).add_(1)
+    with without_native_lines("USDT:"):
+        os.write(2, b"USDT: a trace point\na real warning\n")
+    err = capfd.readouterr().err
+    assert "USDT" not in err and "a real warning" in err
