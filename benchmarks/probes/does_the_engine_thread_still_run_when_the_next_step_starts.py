@@ -5,7 +5,7 @@ step with the engine's device threads off and 242 us with them on, though the fo
 thread (`results/probes/2026-11-24-h100-49128bd-where-does-a-small-train-step-spend-its-host-time.log`).
 If the device thread still holds the GIL for work after the backward (freeing the graph, Python objects), the
 next forward competes with it. This times the seed MLP's step at 64 x 32 (host time only) and the time inside
-its forward graph, with and without a 300 us sleep between steps (the sleep is not counted), device threads
+its forward graph, with and without a 300 us sleep between steps (time.sleep releases the GIL; the sleep is not counted), device threads
 on and off. Prediction if the hypothesis holds: with the sleep, the forward call inside the step falls to the
 threads-off figure.
 
@@ -59,9 +59,7 @@ def main():
                 torch.cuda.synchronize()
                 for _ in range(n):
                     if pause:
-                        t = time.perf_counter()
-                        while time.perf_counter() - t < pause:
-                            pass
+                        time.sleep(pause)   # releases the GIL: the device thread may finish meanwhile
                     t0 = time.perf_counter()
                     step()
                     spent += time.perf_counter() - t0
