@@ -125,7 +125,7 @@ class Ix:
         # Multiples of k dropped and a modulo still needed: take it of the whole sum, the base `//` opaques
         # too, so the terms of an unflattened sum merge back (`(q // 56) * 14336 + (q % 56) * 256 == q * 256`
         # for a split reduction's row q = p * 784 + r; `r % 56` would leave two divisions per element)
-        return _opaque(Ix(self.terms, self.const), 1, k)
+        return _opaque(self, 1, k)
 
     def render(self, name_of=str):
         """Triton/Python source; `name_of` names non-string bases (loaded index values)."""

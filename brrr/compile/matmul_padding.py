@@ -124,8 +124,9 @@ def pad_matmuls(gm):
     if os.environ.get("BRRR_PAD_MATMULS") == "0":
         return decisions
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _MATMULS:
+        if node.op != "call_function" or node.target not in _MATMULS or node.meta.get(DECISIONS):
             continue
+        node.meta[DECISIONS] = True   # a re-plan (a kernel forced to ATen) decides each matmul once
         decision = _consider(gm, node, pads)
         if decision is not None:
             decisions.append(decision)

@@ -411,14 +411,11 @@ def modified_bessel_i1(x):
     r = tl.where(a <= 8.0, small * a * tl.exp(a), tl.exp(a) * large / tl.sqrt(a))
     return tl.where(x < 0, -r, r)
 ''',
-    "bessel_k0": '''
+    "bessel_k_join": '''
 @triton.jit
-def bessel_k0(x, scaled: tl.constexpr):
-    # special.modified_bessel_k0 (scaled: times exp(x)): a series with log(x / 2) i0(x) up to 2, an
-    # asymptotic Chebyshev series beyond; inf at 0, NaN below
-    small = @chbevl(K0_A, x * x - 2.0)
-    small = small - tl.log(0.5 * x) * bessel_i0(x)
-    large = @chbevl(K0_B, 8.0 / x - 2.0)
+def bessel_k_join(x, small, large, scaled: tl.constexpr):
+    # K0 and K1 (times exp(x) when scaled) from their series up to 2 and their asymptotic series / sqrt(x)
+    # beyond; inf at 0, NaN below
     large = large / tl.sqrt(x)
     if scaled:
         r = tl.where(x <= 2.0, small * tl.exp(x), large)
@@ -427,19 +424,23 @@ def bessel_k0(x, scaled: tl.constexpr):
     r = tl.where(x < 0, float("nan"), r)
     return tl.where(x == 0, float("inf"), r)
 ''',
+    "bessel_k0": '''
+@triton.jit
+def bessel_k0(x, scaled: tl.constexpr):
+    # special.modified_bessel_k0 (scaled: times exp(x)): a series with log(x / 2) i0(x) up to 2, an
+    # asymptotic Chebyshev series beyond
+    small = @chbevl(K0_A, x * x - 2.0)
+    small = small - tl.log(0.5 * x) * bessel_i0(x)
+    large = @chbevl(K0_B, 8.0 / x - 2.0)
+    return bessel_k_join(x, small, large, scaled)
+''',
     "bessel_k1": '''
 @triton.jit
 def bessel_k1(x, scaled: tl.constexpr):
     small = @chbevl(K1_A, x * x - 2.0)
     small = tl.log(0.5 * x) * modified_bessel_i1(x) + small / x
     large = @chbevl(K1_B, 8.0 / x - 2.0)
-    large = large / tl.sqrt(x)
-    if scaled:
-        r = tl.where(x <= 2.0, small * tl.exp(x), large)
-    else:
-        r = tl.where(x <= 2.0, small, tl.exp(-x) * large)
-    r = tl.where(x < 0, float("nan"), r)
-    return tl.where(x == 0, float("inf"), r)
+    return bessel_k_join(x, small, large, scaled)
 ''',
     "bessel_j0": '''
 @triton.jit
