@@ -10,8 +10,9 @@ wrapped (DDP; FSDP2's `fully_shard` on each of the model's blocks and on the roo
 whole with `torch.compile(wrapped, backend=...)`, and trained with AdamW on batches drawn from (step, rank).
 The first `--loss-steps` steps give the loss (averaged over ranks) that is compared with eager DDP; the first
 of them holds the compile. Then `--timed-steps` steps are timed between CUDA events on the default stream,
-which a step's collectives join before its optimizer runs, with peak memory reset before them. Rank 0 writes
-every rank's record to `--out`.
+which a step's collectives join before its optimizer runs, with peak memory reset before them; the host's
+time to issue each step is timed too (a step whose host time reaches its device time is bound by the host).
+Rank 0 writes every rank's record to `--out`.
 """
 
 import argparse
@@ -162,12 +163,16 @@ def train(config, how, backend, args, device, rank, world):
             if world > 1:
                 dist.barrier()
             sync()
+            host = []
             events[0].record()
             for i in range(args.timed_steps):
+                start = time.perf_counter()
                 step(data[i % len(data)])
+                host.append(time.perf_counter() - start)
                 events[i + 1].record()
             sync()
             times = [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+            record["host_step_s"] = sorted(host)[len(host) // 2]
             record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
         else:
             for i in range(args.timed_steps):
