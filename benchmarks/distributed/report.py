@@ -123,22 +123,21 @@ def markdown(results):
              f"transformers {env['transformers']}, NCCL {env.get('nccl')}; {env['dtype']}, AdamW; loss over the "
              f"first {env['loss_steps']} steps (the first holds the compile), step time the median of "
              f"{env['timed_steps']} steps after them.", "",
-             "Per-GPU step: the slowest rank's median; host: the slowest rank's median time to issue a step "
-             "(near the step time: bound by the host). Scaling: the one-GPU step of the same backend at the same "
+             "Per-GPU step: the slowest rank's median. Scaling: the one-GPU step of the same backend at the same "
              "per-GPU batch over the per-GPU step. Loss error: the largest relative difference of the "
              "rank-averaged loss from eager DDP's, over the same steps.", "",
-             "| model | wrap | backend | per-GPU step ms | host ms | 1 GPU ms | scaling | peak GiB (1 GPU) | loss error | "
+             "| model | wrap | backend | per-GPU step ms | 1 GPU ms | scaling | peak GiB (1 GPU) | loss error | "
              "ranks agree | graphs / breaks | brrr fallbacks | first step s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["rows"]:
         if r["error"]:
             lines.append(f"| {r['model']} | {r['wrap']} | {r['backend']} | error: {r['error'][:120]} |"
-                         + " |" * 9)
+                         + " |" * 8)
             continue
         eff = f"{r['efficiency']:.0%}" if r.get("efficiency") is not None else "-"
         err = f"{r['loss_rel_err']:.1e}" if r.get("loss_rel_err") is not None else "-"
         lines.append(f"| {r['model']} | {r['wrap']} | {r['backend']} | {_ms(r['step_s'])} | "
-                     f"{_ms(r.get('host_step_s'))} | {_ms(r['single_step_s'])} | {eff} | {_gib(r['peak_memory_bytes'])} "
+                     f"{_ms(r['single_step_s'])} | {eff} | {_gib(r['peak_memory_bytes'])} "
                      f"({_gib(r['single_peak_memory_bytes'])}) | {err} | {_check(r['ranks_agree'])} | "
                      f"{r['graphs']} / {r['graph_breaks']} | {len(r['brrr_fallbacks'])} | "
                      f"{r['first_step_s']:.1f} |")

@@ -10,8 +10,9 @@ wrapped (DDP; FSDP2's `fully_shard` on each of the model's blocks and on the roo
 whole with `torch.compile(wrapped, backend=...)`, and trained with AdamW on batches drawn from (step, rank).
 The first `--loss-steps` steps give the loss (averaged over ranks) that is compared with eager DDP; the first
 of them holds the compile. Then `--timed-steps` steps are timed between CUDA events on the default stream,
-which a step's collectives join before its optimizer runs, with peak memory reset before them; the host's
-time to issue each step is timed too (a step whose host time reaches its device time is bound by the host).
+which a step's collectives join before its optimizer runs, with peak memory reset before them; the time
+until each step's call returns is kept too (host_step_s; these steps wait on the device somewhere, so it reads
+about the step time and does not by itself tell host-bound from device-bound).
 Rank 0 writes every rank's record to `--out`.
 """
 
