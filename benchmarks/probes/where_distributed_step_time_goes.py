@@ -1,6 +1,6 @@
 """Probe: where does a distributed training step's time go on 2 GPUs? First the interconnect: NCCL's transport
-and an all-reduce's bandwidth. Then, for each (backend, wrap), 3 profiled steps after 5 warm-ups of a zoo model;
-rank 0 writes a Chrome trace per run to $OUT and prints the device time of compute and of NCCL kernels.
+and an all-reduce's bandwidth. Then, for each (backend, wrap), 3 profiled steps after 12 warm-ups of a zoo model (DDP
+times its first 10 iterations with host-synchronizing events); each rank writes a Chrome trace per run to OUT_DIR and prints the device time of compute and of NCCL kernels.
 
     torchrun --nproc-per-node 2 where_distributed_step_time_goes.py MODEL BACKENDS WRAPS OUT_DIR"""
 import os, sys, time
@@ -36,7 +36,7 @@ for backend in backends:
         opt = torch.optim.AdamW(work.model.parameters(), lr=1e-4)
         def step():
             opt.zero_grad(set_to_none=True); loss = c(*work.inputs); loss.backward(); opt.step()
-        for _ in range(5): step()
+        for _ in range(12): step()
         torch.cuda.synchronize(); dist.barrier()
         from torch.profiler import profile, ProfilerActivity
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -50,7 +50,7 @@ for backend in backends:
             allk = sum(e.self_device_time_total for e in ev if e.device_type.name == "CUDA") / 3 / 1e3
             print(f"== {backend} {how}: wall {wall/3*1e3:.1f} ms/step; device kernels {allk:.1f} ms/step, "
                   f"of which NCCL {nccl:.1f}", flush=True)
-            prof.export_chrome_trace(str(out / f"{model_name}-{how}-{backend}.json"))
+        prof.export_chrome_trace(str(out / f"{model_name}-{how}-{backend}-rank{rank}.json"))
         del c, w, opt, work
         torch.cuda.empty_cache()
 dist.barrier(); dist.destroy_process_group()
