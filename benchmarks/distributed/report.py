@@ -71,11 +71,12 @@ def _loss_error(losses, reference):
 
 
 def verdicts(table):
-    """{model: {wrap: {...}}} for brrr: the acceptance of the distributed issue, each check True/False/None."""
+    """{model: {"wrap backend": {...}}} for brrr and brrr-cudagraphs: the acceptance of the distributed issue,
+    each check True/False/None."""
     out = {}
     index = {(r["model"], r["wrap"], r["backend"]): r for r in table}
     for (model, wrap, backend), row in index.items():
-        if backend != "brrr":
+        if not backend.startswith("brrr"):
             continue
         inductor = index.get((model, wrap, "inductor"))
         correct = not row["error"] and row.get("loss_rel_err") is not None and \
@@ -88,7 +89,7 @@ def verdicts(table):
         if wrap == "ddp":
             eff = row.get("efficiency")
             check["efficiency_ok"] = eff >= MIN_DDP_EFFICIENCY if eff is not None else None
-        out.setdefault(model, {})[wrap] = check
+        out.setdefault(model, {})[f"{wrap} {backend}"] = check
     return out
 
 
@@ -141,7 +142,7 @@ def markdown(results):
                      f"({_gib(r['single_peak_memory_bytes'])}) | {err} | {_check(r['ranks_agree'])} | "
                      f"{r['graphs']} / {r['graph_breaks']} | {len(r['brrr_fallbacks'])} | "
                      f"{r['first_step_s']:.1f} |")
-    lines += ["", "## Acceptance (brrr)", ""]
+    lines += ["", "## Acceptance (brrr's rows)", ""]
     for model, wraps in results["verdicts"].items():
         for wrap, check in wraps.items():
             parts = [f"correct: {_check(check['correct'])}",
@@ -151,7 +152,7 @@ def markdown(results):
                 parts.append(f"scaling >= {MIN_DDP_EFFICIENCY:.0%}: {_check(check['efficiency_ok'])}")
             lines.append(f"- {model}, {wrap}: " + "; ".join(parts))
     breaks = {(r["model"], r["wrap"]): r["graph_break_reasons"] for r in results["rows"]
-              if not r["error"] and r["graph_break_reasons"] and r["backend"] == "brrr"}
+              if not r["error"] and r["graph_break_reasons"] and r["backend"].startswith("brrr")}
     if breaks:
         lines += ["", "## Graph breaks (brrr's runs; Dynamo's, the same for every backend)", ""]
         for (model, wrap), reasons in breaks.items():

@@ -4,7 +4,7 @@
     PYTHONPATH=$PWD python3 benchmarks/distributed/run_distributed.py --models llama-train --out $OUT
     PYTHONPATH=$PWD python3 benchmarks/distributed/run_distributed.py --quick --out /tmp/dist   # CPU, gloo
 
-Runs train_ranks.py twice per model: one process on one GPU with no wrapper (the scaling baseline, at the same
+Backends: eager, brrr, brrr with CUDA graphs, and Inductor (last). Runs train_ranks.py twice per model: one process on one GPU with no wrapper (the scaling baseline, at the same
 per-GPU batch), then `torch.distributed.run --nproc-per-node 2` under DDP and FSDP2. Every backend trains the
 zoo's model (benchmarks/zoo/models.py, bf16, random init) from the same seed on the same batches. report.py
 turns the two record files into `<date>-<gpu>-<commit>[-<models>].{json,md}`: per-GPU step time, scaling
@@ -24,13 +24,14 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+DEFAULT_BACKENDS = "eager,brrr,brrr-cudagraphs,inductor"
 sys.path[:0] = [str(HERE), str(HERE.parent)]   # report; result_files
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="gpt2-lm-train,llama-train", help="zoo configuration names")
-    p.add_argument("--backends", default="eager,brrr,inductor")
+    p.add_argument("--backends", default=DEFAULT_BACKENDS)
     p.add_argument("--gpus", type=int, default=2, help="processes (GPUs) of the distributed runs")
     p.add_argument("--loss-steps", type=int, default=20)
     p.add_argument("--timed-steps", type=int, default=30)
@@ -76,7 +77,7 @@ def launch(args, model, wraps, gpus, out):
 def main(argv=None):
     args = parse_args(argv)
     if args.quick:
-        args.backends = "eager,brrr" if args.backends == "eager,brrr,inductor" else args.backends
+        args.backends = "eager,brrr" if args.backends == DEFAULT_BACKENDS else args.backends
     cache = tempfile.mkdtemp(prefix="brrr-distributed-cache-")
     for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton"),
                      ("BRRR_CACHE_DIR", "brrr")):

@@ -40,7 +40,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="gpt2-lm-train,llama-train", help="zoo configuration names")
     p.add_argument("--wraps", default="ddp,fsdp2", help="ddp, fsdp2, or none (one process, no process group)")
-    p.add_argument("--backends", default="eager,brrr,inductor")
+    p.add_argument("--backends", default="eager,brrr,brrr-cudagraphs,inductor")
     p.add_argument("--loss-steps", type=int, default=20)
     p.add_argument("--timed-steps", type=int, default=30)
     p.add_argument("--lr", type=float, default=1e-4)
