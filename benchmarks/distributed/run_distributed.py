@@ -71,7 +71,10 @@ def launch(args, model, wraps, gpus, out):
     try:
         return json.loads(Path(out).read_text())
     except (OSError, ValueError):
-        return None
+        pass
+    ranks = sorted(Path(out).parent.glob(f"{Path(out).name}.rank*"))   # what each rank kept before it stopped
+    records = [r for path in ranks for r in json.loads(path.read_text())]
+    return {"world": gpus, "records": records} if records else None
 
 
 def main(argv=None):

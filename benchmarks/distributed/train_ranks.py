@@ -13,7 +13,8 @@ of them holds the compile. Then `--timed-steps` steps are timed between CUDA eve
 which a step's collectives join before its optimizer runs, with peak memory reset before them; the time
 until each step's call returns is kept too (host_step_s; these steps wait on the device somewhere, so it reads
 about the step time and does not by itself tell host-bound from device-bound).
-Rank 0 writes every rank's record to `--out`.
+Rank 0 writes every rank's record to `--out`; each rank also keeps its own in `--out`.rank<N>, rewritten after
+every run.
 """
 
 import argparse
@@ -243,6 +244,8 @@ def main(argv=None):
                     import traceback
                     traceback.print_exc()
                 records.append(record)
+                # each rank's records so far, kept in case a later run takes the process down (a CUDA error)
+                Path(f"{args.out}.rank{rank}").write_text(json.dumps(records))
                 if world > 1:
                     dist.barrier()
     gathered = [None] * world

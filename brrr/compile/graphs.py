@@ -6,7 +6,12 @@ stops being bound by the host. What a replay must get right:
   (parameters, typically) is read where it lives, and a replay with that input elsewhere is refused: the call
   runs without the graph. Any other input is copied into a private buffer before each replay. A graph never
   writes into an input (AOTAutograd applies input mutations outside the compiled graph).
-- Outputs live in the graph's private memory and the next replay overwrites them, so each replay returns
+- An output that is a view of an input read in place (a parameter's transpose saved for the backward) is
+  rebuilt on each replay as the same view of *this* call's input: the tensor seen at capture may since have
+  been freed, with its memory handed to the one now at that address (FSDP2 frees each block's gathered
+  parameters after its forward and gathers the next block's into the same memory). Such views are the
+  caller's memory, never copied and never part of a loan.
+- Other outputs live in the graph's private memory and the next replay overwrites them, so each replay returns
   copies: the caller may keep outputs as long as it likes. The exception is outputs *lent* to the lean
   training runtime (the tensors a forward graph saves for its backward): they are returned as they are, and
   before the next replay overwrites them, any loan whose backward may still run gets its own copies
@@ -38,6 +43,21 @@ def data_ptrs(args):
     return [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
 
 
+def input_views(inputs, outputs, slots):
+    """{output position: input position} for outputs that share memory with an input read in place."""
+    storages = {a.untyped_storage().data_ptr(): j for j, (a, slot) in enumerate(zip(inputs, slots))
+                if slot == "address" and a.untyped_storage().nbytes() > 0}
+    return {i: storages[o.untyped_storage().data_ptr()] for i, o in enumerate(outputs)
+            if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in storages}
+
+
+def view_of_current(captured_view, captured_input, current_input):
+    """The view `captured_view` had of `captured_input`, taken of `current_input` (same address, maybe
+    another tensor)."""
+    offset = current_input.storage_offset() + captured_view.storage_offset() - captured_input.storage_offset()
+    return current_input.as_strided(captured_view.size(), captured_view.stride(), offset)
+
+
 class Loan:
     """Outputs of one replay handed to a backward without copies, with the autograd ctx that reads them.
 
@@ -48,6 +68,7 @@ class Loan:
     def __init__(self, tensors, ctx):
         self.tensors, self.ctx = list(tensors), weakref.ref(ctx)
         self.copied = False
+        self.callers = frozenset()   # positions holding the caller's own memory (views of its inputs)
 
     def settle(self):
         ctx = self.ctx()
@@ -57,7 +78,8 @@ class Loan:
             ctx.saved_tensors   # raises once autograd has freed this node's saved tensors
         except RuntimeError:
             return
-        self.tensors = [_copy_keeping_layout(t) if isinstance(t, torch.Tensor) else t for t in self.tensors]
+        self.tensors = [_copy_keeping_layout(t) if isinstance(t, torch.Tensor) and i not in self.callers else t
+                        for i, t in enumerate(self.tensors)]
         self.copied = True
 
 
@@ -80,8 +102,11 @@ class GraphedCall:
         self.graph, self.failed, self.refusals = None, False, 0
         self.lend, self.loans = frozenset(lend), []
         self.pin, self.pinned_ready = frozenset(pin), True
+        self.views, self.rebuilt = {}, frozenset()   # outputs viewing inputs read in place; the last replay's
 
     def track(self, loan):
+        rebuilt = self.rebuilt
+        loan.callers = frozenset(i for i, t in enumerate(loan.tensors) if id(t) in rebuilt)
         self.loans.append(weakref.ref(loan))
 
     def _settle_loans(self):
@@ -109,9 +134,12 @@ class GraphedCall:
             if slot == "copy" and a.data_ptr() != ptr:
                 s.copy_(a)
         self.graph.replay()
-        lend = self.lend
-        return tuple(o.clone() if isinstance(o, torch.Tensor) and i not in lend else o
-                     for i, o in enumerate(self.static_out))
+        lend, views = self.lend, self.views
+        out = tuple(view_of_current(o, self.static[views[i]], args[views[i]]) if i in views else
+                    o.clone() if isinstance(o, torch.Tensor) and i not in lend else o
+                    for i, o in enumerate(self.static_out))
+        self.rebuilt = frozenset(id(out[i]) for i in views)
+        return out
 
     def _capture(self, args):
         try:
@@ -123,6 +151,7 @@ class GraphedCall:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self.static_out = self.call(self.static)
+            self.views = input_views(self.static, self.static_out, self.slots)
             self.graph = graph
             return True
         except Exception as e:

@@ -106,3 +106,35 @@ def test_pinned_inputs_are_read_in_place_only_while_lent(fake_cuda_graphs):
     assert g.slots == ["address", "address"]
     torch.testing.assert_close(out[0], saved * grad)
     assert graphs.MAX_REFUSALS > 1
+
+
+def project_and_save_transpose(args):
+    x, w = args
+    wt = w.t()
+    return x @ wt, wt   # the transpose is saved for a backward: a view of the input, not the graph's memory
+
+
+def _same_storage(a, b):
+    return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+
+def test_an_output_viewing_an_input_read_in_place_is_a_view_of_this_calls_input(fake_cuda_graphs):
+    """FSDP2 frees a block's gathered parameters after its forward and gathers the next block's into the same
+    memory: the same address, another tensor. A replay must return views of the tensor it was given, and a
+    loan must not copy them (the caller's memory, which may be freed by then)."""
+    w1 = torch.randn(4, 5)
+    x0, x1, x2, x3 = (torch.randn(3, 5) for _ in range(4))
+    g = GraphedCall(project_and_save_transpose, [x0, w1], lend=(1,))
+    out = g([x1, w1])
+    assert g.slots == ["copy", "address"] and g.views == {1: 1}
+    w2 = torch.from_numpy(w1.numpy())   # another tensor (and storage) at w1's address
+    assert w2.data_ptr() == w1.data_ptr() and not _same_storage(w1, w2)
+    out = g([x2, w2])
+    assert _same_storage(out[1], w2) and out[1].stride() == (1, 5)
+    torch.testing.assert_close(out[0], x2 @ w2.t())
+    pending = Ctx()
+    loan = Loan([out[1]], pending)
+    g.track(loan)
+    assert loan.callers == {0}
+    g([x3, w2])
+    assert loan.tensors[0] is out[1]   # not copied: it is w2's memory, which the backward reads
