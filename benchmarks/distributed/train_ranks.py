@@ -218,8 +218,9 @@ def main(argv=None):
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     wraps = args.wraps.split(",")
-    if world == 1 and wraps != ["none"]:
-        raise SystemExit("one process trains with --wraps none; DDP and FSDP2 need torchrun")
+    launched = "RANK" in os.environ   # by torchrun, maybe as one process (one-GPU NCCL)
+    if not launched and wraps != ["none"]:
+        raise SystemExit("a plain process trains with --wraps none; DDP and FSDP2 need torchrun")
     if args.quick:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         device = torch.device("cpu")
@@ -227,7 +228,7 @@ def main(argv=None):
     else:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    if world > 1:
+    if launched:
         dist.init_process_group("gloo" if args.quick else "nccl", device_id=device if device.type == "cuda" else None)
     configs = {c.name: c for c in models.CONFIGS}
     backends = sorted(args.backends.split(","), key=lambda b: b == "inductor")   # Inductor last
@@ -256,7 +257,7 @@ def main(argv=None):
     if rank == 0:
         Path(args.out).write_text(json.dumps({"world": world, "records": [r for rs in gathered for r in rs]},
                                              indent=1))
-    if world > 1:
+    if launched:
         dist.barrier()
         dist.destroy_process_group()
     return 0
