@@ -1,0 +1,66 @@
+"""The distributed benchmark (benchmarks/distributed/) on the CPU: two gloo ranks train the zoo's tiny GPT-2
+under DDP and FSDP2, eagerly and with brrr, and the report judges loss, rank agreement and scaling; the
+report's arithmetic and verdicts on made-up records."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DIST = ROOT / "benchmarks" / "distributed"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"distributed_{name}", DIST / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path[:0] = [str(DIST), str(DIST.parent)]
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_run_trains_under_ddp_and_fsdp2_as_eager_does(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    run = _load("run_distributed")
+    assert run.main(["--quick", "--models", "gpt2-lm-train", "--loss-steps", "2", "--timed-steps", "1",
+                     "--out", str(tmp_path), "--commit", "abc1234"]) == 0
+    [path] = tmp_path.glob("*-cpu-abc1234-gpt2-lm-train.json")
+    results = json.loads(path.read_text())
+    rows = {(r["wrap"], r["backend"]): r for r in results["rows"]}
+    assert set(rows) == {(w, b) for w in ("ddp", "fsdp2") for b in ("eager", "brrr")}
+    for (wrap, backend), row in rows.items():
+        assert not row["error"], row["error"]
+        assert row["ranks_agree"] and row["world"] == 2
+        assert row["loss_rel_err"] < 1e-3, (wrap, backend, row["loss_rel_err"])
+        assert row["single_step_s"] > 0 and row["efficiency"] > 0
+    assert rows[("ddp", "brrr")]["graphs"] > 0 and rows[("ddp", "eager")]["graphs"] == 0
+    assert rows[("ddp", "eager")]["loss_rel_err"] == 0   # the reference itself
+    assert all(v["correct"] for v in results["verdicts"]["gpt2-lm-train"].values())
+    assert "| gpt2-lm-train | fsdp2 | brrr |" in path.with_suffix(".md").read_text()
+
+
+def _record(wrap, backend, rank, step_s, losses, psum=1.0, world=2):
+    return {"model": "m", "wrap": wrap, "backend": backend, "world": world, "rank": rank, "step_s": step_s,
+            "first_step_s": 1.0, "losses": losses, "parameter_sum": psum, "graphs": 1, "graph_breaks": 0,
+            "graph_break_reasons": {}, "brrr_fallbacks": [], "peak_memory_bytes": 2**30}
+
+
+def test_report_takes_the_slowest_rank_and_judges_brrr_against_inductor_and_one_gpu():
+    report = _load("report")
+    ref = [10.0, 9.0]
+    records = [_record("none", "brrr", 0, 0.009, [1.0], world=1), _record("none", "inductor", 0, 0.009, [1.0], world=1)]
+    records += [_record("ddp", "eager", r, 0.02, ref) for r in (0, 1)]
+    records += [_record("ddp", "brrr", 0, 0.010, [10.0, 9.09]), _record("ddp", "brrr", 1, 0.011, [10.0, 9.09])]
+    records += [_record("ddp", "inductor", r, 0.0105, ref) for r in (0, 1)]
+    records += [_record("fsdp2", "brrr", 0, 0.03, ref, psum=1.0), _record("fsdp2", "brrr", 1, 0.03, ref, psum=1.5)]
+    table = {(r["wrap"], r["backend"]): r for r in report.rows(records)}
+    ddp = table[("ddp", "brrr")]
+    assert ddp["step_s"] == 0.011                                   # the slowest rank
+    assert abs(ddp["efficiency"] - 0.009 / 0.011) < 1e-12
+    assert abs(ddp["loss_rel_err"] - 0.01) < 1e-9
+    verdicts = report.verdicts(list(table.values()))["m"]
+    assert verdicts["ddp brrr"] == {"correct": True, "at_or_below_inductor": False,
+                                    "vs_inductor": 0.0105 / 0.011, "efficiency_ok": False}
+    assert not verdicts["fsdp2 brrr"]["correct"]                   # the ranks' parameters differ
+    records[4]["losses"] = [10.0, 9.5]                              # 5.6% off eager DDP's loss
+    assert not report.verdicts(report.rows(records))["m"]["ddp brrr"]["correct"]
