@@ -4,9 +4,9 @@
     PYTHONPATH=$PWD python3 benchmarks/distributed/run_distributed.py --models llama-train --out $OUT
     PYTHONPATH=$PWD python3 benchmarks/distributed/run_distributed.py --quick --out /tmp/dist   # CPU, gloo
 
-Backends: eager, brrr, brrr with CUDA graphs, and Inductor (last). Runs train_ranks.py twice per model: one process on one GPU with no wrapper (the scaling baseline, at the same
-per-GPU batch), then `torch.distributed.run --nproc-per-node 2` under DDP and FSDP2. Every backend trains the
-zoo's model (benchmarks/zoo/models.py, bf16, random init) from the same seed on the same batches. report.py
+Backends: eager, brrr, brrr with CUDA graphs, and Inductor (last). Runs train_ranks.py twice per model: one
+process on one GPU with no wrapper (the scaling baseline, at the same per-GPU batch), then `torch.distributed.run --nproc-per-node 2` under DDP and FSDP2. Every backend trains the
+zoo's model (benchmarks/zoo/models.py, bf16, random init) from the same seed on the same batches. scaling_report.py
 turns the two record files into `<date>-<gpu>-<commit>[-<models>].{json,md}`: per-GPU step time, scaling
 efficiency, peak memory, the loss over the first steps against eager DDP's, graph breaks and brrr's fallbacks.
 Compile caches are shared by the runs of one invocation (so the baseline's compiles warm the later ones'
@@ -25,7 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_BACKENDS = "eager,brrr,brrr-cudagraphs,inductor"
-sys.path[:0] = [str(HERE), str(HERE.parent)]   # report; result_files
+sys.path[:0] = [str(HERE), str(HERE.parent)]   # scaling_report; result_files
 
 
 def parse_args(argv=None):
@@ -87,7 +87,7 @@ def main(argv=None):
         os.environ[var] = os.path.join(cache, sub)
     import torch
 
-    import report
+    import scaling_report as report
     from result_files import RESULTS, git_commit, result_stem, utc_date
 
     device_name = "cpu" if args.quick else torch.cuda.get_device_name()

@@ -46,7 +46,7 @@ def _record(wrap, backend, rank, step_s, losses, psum=1.0, world=2):
 
 
 def test_report_takes_the_slowest_rank_and_judges_brrr_against_inductor_and_one_gpu():
-    report = _load("report")
+    report = _load("scaling_report")
     ref = [10.0, 9.0]
     records = [_record("none", "brrr", 0, 0.009, [1.0], world=1), _record("none", "inductor", 0, 0.009, [1.0], world=1)]
     records += [_record("ddp", "eager", r, 0.02, ref) for r in (0, 1)]

@@ -7,7 +7,7 @@ the same steps, whether every rank ends with the same parameters, and what Dynam
 verdicts are the distributed issue's acceptance, for brrr under each wrapping: correct, per-GPU step time at
 or below Inductor's, and DDP scaling efficiency of at least 90%.
 
-    python3 benchmarks/distributed/report.py FILE.json   # print its Markdown again
+    python3 benchmarks/distributed/scaling_report.py FILE.json   # print its Markdown again
 """
 
 import json
