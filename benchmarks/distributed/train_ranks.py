@@ -116,7 +116,7 @@ def train(config, how, backend, args, device, rank, world):
     """One (model, wrapping, backend) run of this rank: its record."""
     import torch._dynamo
 
-    from brrr.bench.backends import dynamo_limits, resolve_backend
+    from brrr.bench.backends import dynamo_limits, resolve_backend, stop_inductor_workers
     from brrr.compile import fallbacks
 
     torch._dynamo.reset()
@@ -189,7 +189,7 @@ def train(config, how, backend, args, device, rank, world):
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    _stop_inductor_workers()
+    stop_inductor_workers()
     return record
 
 
@@ -200,14 +200,6 @@ def parameter_sum(model):
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
         total += full.detach().double().sum()
     return total.item()
-
-
-def _stop_inductor_workers():
-    try:
-        from torch._inductor.async_compile import shutdown_compile_workers
-    except ImportError:
-        return
-    shutdown_compile_workers()
 
 
 def main(argv=None):

@@ -65,6 +65,7 @@ def run_config(config, backends, device, dtype, quick, rep_ms):
     import torch
 
     from brrr.bench import bench, bench_shapes
+    from brrr.bench.backends import stop_inductor_workers
 
     entry = {"name": config.name, "family": config.family, "train": config.train}
     start = time.perf_counter()
@@ -88,19 +89,11 @@ def run_config(config, backends, device, dtype, quick, rep_ms):
                      error=f"{type(e).__name__}: {e}"[:500], traceback=traceback.format_exc()[-3000:])
     entry["elapsed_s"] = time.perf_counter() - start
     work = None
-    _stop_inductor_workers()   # idle compile workers would share the host with the next configuration's timing
+    stop_inductor_workers()   # idle compile workers would share the host with the next configuration's timing
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return entry
-
-
-def _stop_inductor_workers():
-    try:
-        from torch._inductor.async_compile import shutdown_compile_workers
-    except ImportError:
-        return
-    shutdown_compile_workers()
 
 
 def first_calls(configs, backends, device, dtype, quick, budget_s, path):

@@ -78,3 +78,12 @@ def fresh_compile(fn, backend, dynamic=None):
         return fn
     torch._dynamo.reset()
     return torch.compile(fn, backend=resolved, dynamic=dynamic)
+
+
+def stop_inductor_workers():
+    """Stop Inductor's compile worker pool: idle workers share the host with whatever is timed next."""
+    try:
+        from torch._inductor.async_compile import shutdown_compile_workers
+    except ImportError:
+        return
+    shutdown_compile_workers()

@@ -2,21 +2,13 @@
 under DDP and FSDP2, eagerly and with brrr, and the report judges loss, rank agreement and scaling; the
 report's arithmetic and verdicts on made-up records."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-DIST = ROOT / "benchmarks" / "distributed"
+from tests.bench.benchmark_scripts import load
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(f"distributed_{name}", DIST / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path[:0] = [str(DIST), str(DIST.parent)]
-    spec.loader.exec_module(module)
-    return module
+    return load("distributed", name)
 
 
 def test_quick_run_trains_under_ddp_and_fsdp2_as_eager_does(tmp_path, monkeypatch):

@@ -1,23 +1,15 @@
 """The zoo's CPU smoke run (--quick: tiny models of the same code paths) writes its JSON and Markdown, with
 correctness judged against the fp32 copy, a changing-shape configuration, and a warm compile in a new process."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-ZOO = ROOT / "benchmarks" / "zoo"
+from tests.bench.benchmark_scripts import load
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ZOO / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path[:0] = [str(ZOO), str(ZOO.parent)]
-    spec.loader.exec_module(module)
-    return module
+    return load("zoo", name)
 
 
 def test_quick_zoo_writes_results_for_static_and_changing_shapes(tmp_path, monkeypatch):
