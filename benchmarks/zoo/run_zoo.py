@@ -66,9 +66,11 @@ def run_config(config, backends, device, dtype, quick, rep_ms):
 
     from brrr.bench import bench, bench_shapes
     from brrr.bench.backends import stop_inductor_workers
+    from brrr.compile import replay_choice
 
     entry = {"name": config.name, "family": config.family, "train": config.train}
     start = time.perf_counter()
+    decided = len(replay_choice.DECISIONS)
     try:
         work = config.build(device, dtype, quick)
         warmup, rep = (2, 5) if quick else (25, rep_ms or 300)
@@ -88,6 +90,8 @@ def run_config(config, backends, device, dtype, quick, rep_ms):
         entry.update(status="unavailable" if isinstance(e, Unavailable) else "error",
                      error=f"{type(e).__name__}: {e}"[:500], traceback=traceback.format_exc()[-3000:])
     entry["elapsed_s"] = time.perf_counter() - start
+    # what brrr's cuda_graphs="auto" chose for each graph of this configuration, with the timings behind it
+    entry["replay_decisions"] = [str(d) for d in replay_choice.DECISIONS[decided:]]
     work = None
     stop_inductor_workers()   # idle compile workers would share the host with the next configuration's timing
     gc.collect()
@@ -194,6 +198,8 @@ def main(argv=None):
                                                                  args.rep_ms)
             print(f"[zoo] {config.name}: {entry['status']} in {entry['elapsed_s']:.0f} s "
                   f"{report.one_line(entry)}", flush=True)
+            for decision in entry["replay_decisions"]:
+                print(f"[zoo]   brrr {decision}", flush=True)
         report.write(results, stem)
     ran = [c for c in configs if results["configs"][c.name]["status"] == "ok"]
     if warm and ran:

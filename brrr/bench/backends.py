@@ -2,7 +2,8 @@
 
 `resolve_backend("brrr")` falls back to importing `brrr.compile.backend.brrr_backend` when the
 `torch_dynamo_backends` entry point is not installed (e.g. a checkout run with PYTHONPATH);
-"brrr-cudagraphs" is brrr with `cuda_graphs=True` (each compiled graph replayed from a CUDA graph). Callables are
+"brrr-cudagraphs" is brrr with `cuda_graphs=True` (each compiled graph replayed from a CUDA graph) and
+"brrr-launches" brrr with `cuda_graphs=False` (never replayed; plain "brrr" chooses by timing). Callables are
 passed through (tests register doubles that way). `fresh_compile` resets Dynamo first, so every backend
 starts from nothing and the first call pays the whole compile.
 """
@@ -10,6 +11,9 @@ starts from nothing and the first call pays the whole compile.
 import contextlib
 
 import torch
+
+
+BRRR_VARIANTS = {"brrr-cudagraphs": True, "brrr-launches": False}   # name -> brrr's cuda_graphs option
 
 
 def backend_name(backend):
@@ -24,10 +28,10 @@ def resolve_backend(backend):
         return None
     if not isinstance(backend, str):
         return backend
-    if backend == "brrr-cudagraphs":
+    if backend in BRRR_VARIANTS:
         from brrr.compile.backend import make_backend
 
-        fn = make_backend(cuda_graphs=True)
+        fn = make_backend(cuda_graphs=BRRR_VARIANTS[backend])
         fn.__name__ = backend
         return fn
     from torch._dynamo.backends.registry import lookup_backend

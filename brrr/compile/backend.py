@@ -1,7 +1,7 @@
 """The torch.compile backend (**capture** -> lower -> schedule -> codegen -> runtime).
 
     torch.compile(model, backend="brrr")          # registered entry point
-    brrr.compile(model, cuda_graphs=True)         # same, with options
+    brrr.compile(model, cuda_graphs=True)         # same, with options (cuda_graphs: "auto" | True | False)
 
 Dynamo hands us an FX graph; `aot_autograd` with brrr's decomposition table turns it into core-ATen forward and
 backward graphs, split by the min-cut rematerialization partitioner; each graph then goes through
@@ -108,7 +108,7 @@ def plan_graph(gm, forced=None):
     return schedule(lower(gm, forced))
 
 
-def compile_graph(gm, example_inputs, cuda_graphs=False, sink=None, graph_kind="forward"):
+def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind="forward"):
     """One core-ATen graph -> a callable. `sink` (explain) observes each plan instead of building it.
 
     A kernel that fails to generate or compile (and, later, on its first launch) gets the graph re-planned
@@ -136,7 +136,8 @@ def compile_graph(gm, example_inputs, cuda_graphs=False, sink=None, graph_kind="
         for fx, why, scope in plan.lowering.fallbacks:
             if scope == "op":
                 warn_once(f"aten.{getattr(fx.target, '__name__', fx.target)} runs as ATen: {why}")
-        compiled, _ = build(plan, gm, cuda_graphs=cuda_graphs and "cuda" in _devices(gm), kind=graph_kind)
+        compiled, _ = build(plan, gm, cuda_graphs=cuda_graphs if "cuda" in _devices(gm) else False,
+                            kind=graph_kind)
         compiled.replan = replan
         return compiled
 
@@ -176,7 +177,7 @@ def _dynamo_graph_fallback(reason, eager_forward, sink):
     return eager_forward
 
 
-def brrr_backend(gm, example_inputs, cuda_graphs=False, _sink=None, **options):
+def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, **options):
     """The Dynamo backend: AOTAutograd (core-ATen decompositions, min-cut partitioner) around compile_graph;
     plain graphs then run from brrr's lean runtime instead of AOTAutograd's wrappers (lean_autograd.py).
     A graph brrr cannot compile (GraphFallback) runs as Dynamo captured it: `gm.forward`, taken before any
@@ -191,7 +192,7 @@ def brrr_backend(gm, example_inputs, cuda_graphs=False, _sink=None, **options):
     return _compile_static(gm, example_inputs, eager_forward, cuda_graphs, _sink)
 
 
-def _compile_static(gm, example_inputs, eager_forward, cuda_graphs=False, _sink=None):
+def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink=None):
     """brrr_backend for a graph of concrete sizes."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -251,9 +252,16 @@ def make_backend(**options):
     return fn
 
 
+CUDA_GRAPHS = ("auto", True, False)
+
+
 def compile(model, **options):
-    """torch.compile(model, backend=brrr with `options`); options: cuda_graphs=False."""
+    """torch.compile(model, backend=brrr with `options`). cuda_graphs: "auto" (default: each graph replays from
+    a CUDA graph when timing shows that is faster, replay_choice.py), True (always, once its inputs allow) or
+    False (never)."""
     unknown = set(options) - {"cuda_graphs"}
     if unknown:
         raise TypeError(f"unknown brrr.compile options: {sorted(unknown)}")
+    if options.get("cuda_graphs", "auto") not in CUDA_GRAPHS:
+        raise ValueError(f"cuda_graphs={options['cuda_graphs']!r}: choose \"auto\", True or False")
     return torch.compile(model, backend=make_backend(**options))

@@ -48,6 +48,7 @@ class Explanation:
     graphs: list = field(default_factory=list)       # graph kinds captured
     notes: list = field(default_factory=list)
     seen: list = field(default_factory=list)         # fallbacks.Fallback of kernel/graph scope while compiling
+    replays: list = field(default_factory=list)      # replay_choice.Decision of graphs run in this process
     paddings: list = field(default_factory=list)     # (graph, matmul_padding.Padding): unaligned matmuls
 
     def planned(self, kind, gm, plan, kernels):
@@ -92,6 +93,10 @@ class Explanation:
             lines.append("fallbacks while compiling in this process (kernel and graph scope):")
             for f in self.seen:
                 lines.append(f"  [{f.graph}] {f.scope}: {f.what}: {f.reason}")
+        if self.replays:
+            lines.append("CUDA graphs chosen by timing (cuda_graphs=\"auto\") for graphs run in this process:")
+            for d in self.replays:
+                lines.append(f"  {d}")
         if self.refusals:
             lines.append("not fused, and why:")
             for g, what, why in self.refusals:
@@ -180,11 +185,12 @@ def explain(fn_or_model, *inputs, train=False, dynamic=False):
     """Plan (never run kernels) what brrr does with `fn_or_model(*inputs)`; returns an Explanation.
     `dynamic` is torch.compile's: True plans the graph Dynamo captures with symbolic sizes."""
     from brrr.compile.backend import make_backend
-    from brrr.compile import fallbacks
+    from brrr.compile import fallbacks, replay_choice
 
     ex = Explanation()
     logged = len(fallbacks.LOG)
     ex.seen = list(fallbacks.LOG)
+    ex.replays = list(replay_choice.DECISIONS)
     backend = make_backend(_sink=ex)
     compiled = torch.compile(fn_or_model, backend=backend, dynamic=dynamic)
     with torch.set_grad_enabled(train):

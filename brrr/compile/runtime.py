@@ -28,6 +28,7 @@ from brrr.compile.fallbacks import KernelFailed, MAX_REPLANS, debugging, is_out_
 from brrr.compile.graphs import GraphedCall
 from brrr.compile.inplace import reused_memory
 from brrr.compile.launch import Launcher
+from brrr.compile.replay_choice import ReplayTrial
 from brrr.compile.codegen.triton import generate
 
 _MODULES = {}
@@ -173,6 +174,7 @@ class CompiledGraph:
         self.cuda_graphs = cuda_graphs
         self.device = device  # CUDA index: allocations and launches go to the current device, made this one
         self.graphed = None   # a GraphedCall once verified, with cuda_graphs
+        self.trial = None     # with cuda_graphs="auto": the ReplayTrial deciding whether to keep self.graphed
         self.lend = ()        # output positions a replay may return uncopied (see graphs.Loan)
         self.lent = False     # whether the last call's outputs at those positions are the graph's own memory
         self.pin, self.pinned_ready = (), True   # inputs lent by another graph, and whether they still are
@@ -186,12 +188,14 @@ class CompiledGraph:
 
     def track(self, loan):
         """Keep `loan` (the lent outputs of the last call) safe from the next replay."""
-        if self.lent:
+        if self.lent and self.graphed is not None:   # a graph dropped after this replay never overwrites it
             self.graphed.track(loan)
 
     def _run(self, args):
         self.lent = False
         if self.verified:
+            if self.trial is not None:
+                return self._run_trial(args)
             graphed = self.graphed
             if graphed is not None:
                 graphed.pinned_ready = self.pinned_ready
@@ -206,6 +210,22 @@ class CompiledGraph:
         self.verified = True
         if self.cuda_graphs and self.call is not self._aten_call:
             self.graphed = GraphedCall(self.call, args, self.lend, self.pin)
+            if self.cuda_graphs == "auto":
+                self.trial = ReplayTrial(self.kind)
+        return out
+
+    def _run_trial(self, args):
+        """A call while cuda_graphs="auto" times launching against replaying (replay_choice.py)."""
+        if torch.cuda.is_current_stream_capturing():   # inside the caller's own capture: just launch
+            return self.call(args)
+        trial, graphed = self.trial, self.graphed
+        graphed.pinned_ready = self.pinned_ready
+        out, replayed = trial.run(self.call, graphed, args)
+        self.lent = replayed and bool(graphed.lend)
+        if trial.replay is not None:
+            self.trial = None
+            if not trial.replay:
+                self.graphed = None   # its memory goes once no loan holds it
         return out
 
     def _first_call(self, args):

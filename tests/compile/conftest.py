@@ -13,6 +13,45 @@ import torch  # noqa: E402
 
 np.seterr(all="ignore")
 
+class FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph on the CPU: replays by rerunning the call captured with it and writing
+    into the captured outputs. `replays` counts them; `replaying` is True while one runs."""
+
+    replays = 0
+    replaying = False
+
+    def replay(self):
+        FakeGraph.replays += 1
+        FakeGraph.replaying = True
+        try:
+            for static, new in zip(self.outputs, self.call(self.args)):
+                static.copy_(new)
+        finally:
+            FakeGraph.replaying = False
+
+
+@pytest.fixture
+def fake_cuda_graphs(monkeypatch):
+    """CUDA-graph capture and replay on the CPU (graphs.GraphedCall with FakeGraph); yields FakeGraph."""
+    import contextlib
+
+    from brrr.compile.graphs import GraphedCall
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, **kw: contextlib.nullcontext())
+    monkeypatch.setattr(FakeGraph, "replays", 0)
+    capture = GraphedCall._capture
+
+    def capture_and_remember(self, args):
+        ok = capture(self, args)
+        if ok:
+            self.graph.call, self.graph.args, self.graph.outputs = self.call, self.static, self.static_out
+        return ok
+    monkeypatch.setattr(GraphedCall, "_capture", capture_and_remember)
+    yield FakeGraph
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()

@@ -1,36 +1,11 @@
 """CUDA-graph replay logic (graphs.py) on the CPU, with a stand-in graph whose replay reruns the captured call
-into the same output tensors: what is copied, what is lent, and when a loan gets its own copies."""
+into the same output tensors (conftest.fake_cuda_graphs): what is copied, what is lent, and when a loan gets its
+own copies."""
 
-import contextlib
-
-import pytest
 import torch
 
 from brrr.compile import graphs
 from brrr.compile.graphs import GraphedCall, Loan
-
-
-class FakeGraph:
-    """Replays by rerunning the call captured with it and writing into the captured outputs."""
-
-    def replay(self):
-        for static, new in zip(self.outputs, self.call(self.args)):
-            static.copy_(new)
-
-
-@pytest.fixture
-def fake_cuda_graphs(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "graph", lambda g, **kw: contextlib.nullcontext())
-    capture = GraphedCall._capture
-
-    def capture_and_remember(self, args):
-        ok = capture(self, args)
-        if ok:
-            self.graph.call, self.graph.args, self.graph.outputs = self.call, self.static, self.static_out
-        return ok
-    monkeypatch.setattr(GraphedCall, "_capture", capture_and_remember)
 
 
 def double_and_sum(args):

@@ -1,0 +1,110 @@
+"""Launch or replay: the choice `cuda_graphs="auto"` (the default) makes for each compiled graph by timing both
+(codegen -> **runtime**).
+
+A CUDA-graph replay (graphs.py) launches a whole graph at once, but it copies the inputs that moved in and the
+outputs out, and keeps the graph's memory. It pays when the host, launching kernel after kernel, keeps the
+GPU waiting; it costs when the GPU is the bottleneck. Which one holds depends on the host as much as on the
+graph: the seed MLP's train step is host-bound on one H100 host and nearly balanced on another, and a Python
+backward runs slower on autograd's device thread than the same code on the main thread. So brrr does not
+guess: after the first call (which checks the kernels) a graph runs LAUNCH_SAMPLES calls launching its
+kernels, then is captured and runs REPLAY_SAMPLES replays, each timed on the host (perf_counter) and on the
+device (CUDA events on the current stream, which include any wait for the host). A call costs the larger of
+the two; the graph keeps replaying only when the median replay costs less than MARGIN of the median launch.
+Every verdict is logged (`DECISIONS`), and `brrr explain` lists them.
+"""
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+LAUNCH_SAMPLES = 3
+REPLAY_SAMPLES = 3
+MARGIN = 0.95        # a replay must save 5%: less is within a host's noise, and replays hold memory
+
+DECISIONS = []       # Decision records, process-wide, in the order they were made
+
+
+@dataclass(frozen=True)
+class Decision:
+    graph: str                 # inference | forward | backward
+    replay: bool
+    launch_s: float | None     # median cost per call launching the kernels
+    replay_s: float | None     # median cost per call replaying the CUDA graph (None: it could not replay)
+    reason: str
+
+    def __str__(self):
+        if self.replay_s is None:
+            return f"{self.graph} graph: launches its kernels ({self.reason})"
+        verb = "replays a CUDA graph" if self.replay else "launches its kernels"
+        return (f"{self.graph} graph: {verb} (launching {self.launch_s * 1e6:.0f} us per call, replaying "
+                f"{self.replay_s * 1e6:.0f} us)")
+
+
+def log(decision):
+    DECISIONS.append(decision)
+    del DECISIONS[:-1000]
+    return decision
+
+
+class Sample:
+    """One call timed on the host and, through two events, on the device."""
+
+    def __init__(self):
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+        self.start.record()
+        self.t0 = time.perf_counter()
+
+    def stop(self):
+        self.host_s = time.perf_counter() - self.t0
+        self.end.record()
+
+    def cost_s(self):
+        """Host or device time, whichever the call was bound by (the events are complete by now)."""
+        return max(self.host_s, self.start.elapsed_time(self.end) / 1e3)
+
+
+def median_cost(samples):
+    samples[-1].end.synchronize()   # events on one stream complete in order: the others are done too
+    return statistics.median(s.cost_s() for s in samples)
+
+
+class ReplayTrial:
+    """Runs a verified graph's next calls, launching then replaying, until a verdict: `replay` becomes True
+    or False. `run(call, graphed, args)` returns (outputs, whether they came from a replay)."""
+
+    def __init__(self, kind):
+        self.kind = kind
+        self.launched, self.replayed = [], []
+        self.captured = False
+        self.replay = None
+        self.decision = None
+
+    def run(self, call, graphed, args):
+        if len(self.launched) < LAUNCH_SAMPLES:
+            sample = Sample()
+            out = call(args)
+            sample.stop()
+            self.launched.append(sample)
+            return out, False
+        sample = Sample() if self.captured else None   # the capturing call is not a replay's cost
+        out = graphed(args)
+        if out is None:   # capture failed, or an input read in place has moved
+            self._decide(False, None, "its CUDA graph could not capture or replay these inputs")
+            return call(args), False
+        if sample is None:
+            self.captured = True
+            return out, True
+        sample.stop()
+        self.replayed.append(sample)
+        if len(self.replayed) == REPLAY_SAMPLES:
+            launch_s, replay_s = median_cost(self.launched), median_cost(self.replayed)
+            wins = replay_s < MARGIN * launch_s
+            self._decide(wins, replay_s, "faster replayed" if wins else "not faster replayed", launch_s)
+        return out, True
+
+    def _decide(self, replay, replay_s, reason, launch_s=None):
+        self.replay = replay
+        self.decision = log(Decision(self.kind, replay, launch_s, replay_s, reason))

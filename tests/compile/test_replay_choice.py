@@ -1,0 +1,172 @@
+"""cuda_graphs="auto" (replay_choice.py) on the CPU: a compiled graph times launching against replaying and keeps
+the faster. The CUDA graph is conftest's stand-in; the host clock and the CUDA events read one fake clock that
+each call advances by what it would cost, launched or replayed."""
+
+import pytest
+import torch
+
+import brrr
+from brrr.compile import replay_choice
+from brrr.compile.runtime import CompiledGraph
+
+
+class Clock:
+    """Host and device time in seconds; a call advances both by its cost (launched, or replayed)."""
+
+    def __init__(self):
+        self.host = self.device = 0.0
+
+    def spend(self, host_s, device_s):
+        start = max(self.device, self.host)   # the device starts the call's work once the host asks for it
+        self.host += host_s
+        self.device = start + device_s
+
+
+@pytest.fixture
+def clock(monkeypatch, fake_cuda_graphs):
+    c = Clock()
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.at = None
+
+        def record(self):
+            self.at = max(c.device, c.host)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return (end.at - self.at) * 1e3
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(replay_choice.time, "perf_counter", lambda: c.host)
+    monkeypatch.setattr(replay_choice, "DECISIONS", [])
+    return c
+
+
+def costed_call(clock, fake_graph, launch, replay):
+    """A graph computing x * w + 1, costing `launch` = (host s, device s) launched, `replay` replayed."""
+    def call(args):
+        x, w = args
+        clock.spend(*(replay if fake_graph.replaying else launch))
+        return (x * w + 1,)
+    return call
+
+
+def run_calls(graph, n, w):
+    outs = []
+    for i in range(n):
+        x = torch.full((4,), float(i))
+        (out,) = graph([x, w])
+        torch.testing.assert_close(out, x * w + 1)   # right every call, launched or replayed
+        outs.append(out)
+    return outs
+
+
+def test_a_host_bound_graph_keeps_replaying(clock, fake_cuda_graphs):
+    w = torch.randn(4)
+    call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
+    graph = CompiledGraph(call, None, "", cuda_graphs="auto", kind="forward")
+    trial_calls = 1 + replay_choice.LAUNCH_SAMPLES + 1 + replay_choice.REPLAY_SAMPLES
+    run_calls(graph, trial_calls, w)
+    assert graph.trial is None and graph.graphed is not None
+    (decision,) = replay_choice.DECISIONS
+    assert decision.replay and decision.graph == "forward"
+    assert decision.launch_s == pytest.approx(500e-6) and decision.replay_s == pytest.approx(210e-6)
+    replays = fake_cuda_graphs.replays
+    run_calls(graph, 5, w)
+    assert fake_cuda_graphs.replays == replays + 5
+
+
+def test_a_device_bound_graph_goes_back_to_launching(clock, fake_cuda_graphs):
+    w = torch.randn(4)
+    call = costed_call(clock, fake_cuda_graphs, launch=(100e-6, 1000e-6), replay=(20e-6, 1080e-6))
+    graph = CompiledGraph(call, None, "", cuda_graphs="auto", kind="backward")
+    run_calls(graph, 1 + replay_choice.LAUNCH_SAMPLES + 1 + replay_choice.REPLAY_SAMPLES, w)
+    (decision,) = replay_choice.DECISIONS
+    assert not decision.replay and decision.replay_s == pytest.approx(1080e-6)
+    assert graph.trial is None and graph.graphed is None
+    replays = fake_cuda_graphs.replays
+    run_calls(graph, 5, w)
+    assert fake_cuda_graphs.replays == replays
+    assert "launches its kernels" in str(decision) and "1080 us" in str(decision)
+
+
+def test_a_saving_inside_the_margin_is_not_taken(clock, fake_cuda_graphs):
+    w = torch.randn(4)
+    call = costed_call(clock, fake_cuda_graphs, launch=(300e-6, 100e-6), replay=(20e-6, 290e-6))
+    graph = CompiledGraph(call, None, "", cuda_graphs="auto")
+    run_calls(graph, 1 + replay_choice.LAUNCH_SAMPLES + 1 + replay_choice.REPLAY_SAMPLES, w)
+    assert not replay_choice.DECISIONS[0].replay   # 290 vs 300 us: inside MARGIN
+
+
+def test_only_replays_lend_their_outputs(clock, fake_cuda_graphs):
+    w = torch.randn(4)
+    call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
+    graph = CompiledGraph(call, None, "", cuda_graphs="auto")
+    graph.lend = (0,)
+    lent = []
+    for i in range(1 + replay_choice.LAUNCH_SAMPLES + 1 + replay_choice.REPLAY_SAMPLES):
+        graph([torch.full((4,), float(i)), w])
+        lent.append(graph.lent)
+    assert lent == [False] * (1 + replay_choice.LAUNCH_SAMPLES) + [True] * (1 + replay_choice.REPLAY_SAMPLES)
+
+
+def test_a_graph_that_cannot_capture_launches(clock, fake_cuda_graphs, monkeypatch):
+    from brrr.compile.graphs import GraphedCall
+
+    monkeypatch.setattr(GraphedCall, "_capture", lambda self, args: False)
+    w = torch.randn(4)
+    call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
+    graph = CompiledGraph(call, None, "", cuda_graphs="auto")
+    run_calls(graph, 1 + replay_choice.LAUNCH_SAMPLES + 1, w)
+    (decision,) = replay_choice.DECISIONS
+    assert not decision.replay and decision.replay_s is None and graph.graphed is None
+    assert "could not capture" in str(decision)
+
+
+def test_inside_the_callers_own_capture_the_trial_waits(clock, fake_cuda_graphs, monkeypatch):
+    w = torch.randn(4)
+    call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
+    graph = CompiledGraph(call, None, "", cuda_graphs="auto")
+    run_calls(graph, 1, w)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    run_calls(graph, 10, w)
+    assert graph.trial.launched == [] and fake_cuda_graphs.replays == 0
+
+
+def test_cuda_graphs_false_and_true_never_time(clock, fake_cuda_graphs):
+    w = torch.randn(4)
+    call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
+    never, always = (CompiledGraph(call, None, "", cuda_graphs=c) for c in (False, True))
+    run_calls(never, 10, w)
+    assert never.graphed is None and fake_cuda_graphs.replays == 0
+    run_calls(always, 10, w)
+    assert always.trial is None and fake_cuda_graphs.replays == 9   # from the 2nd call on (it captures, then replays)
+    assert replay_choice.DECISIONS == []
+
+
+def test_explain_lists_the_decisions_of_this_process(clock):
+    replay_choice.log(replay_choice.Decision("forward", True, 500e-6, 210e-6, "faster replayed"))
+    text = str(brrr.explain(lambda x: x + 1, torch.randn(3)))
+    assert "forward graph: replays a CUDA graph (launching 500 us per call, replaying 210 us)" in text
+
+
+def test_compile_rejects_an_unknown_cuda_graphs_value():
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        brrr.compile(torch.nn.Linear(2, 2), cuda_graphs="sometimes")
+
+
+def test_the_last_replay_of_a_rejected_graph_can_still_be_tracked(clock, fake_cuda_graphs):
+    from brrr.compile.graphs import Loan
+
+    w = torch.randn(4)
+    call = costed_call(clock, fake_cuda_graphs, launch=(100e-6, 1000e-6), replay=(20e-6, 1080e-6))
+    graph = CompiledGraph(call, None, "", cuda_graphs="auto")
+    graph.lend = (0,)
+    for i in range(1 + replay_choice.LAUNCH_SAMPLES + 1 + replay_choice.REPLAY_SAMPLES):
+        out = graph([torch.full((4,), float(i)), w])
+    assert graph.lent and graph.graphed is None
+    graph.track(Loan(out, graph))   # the lean forward tracks what it was lent: nothing left to overwrite it
