@@ -1,0 +1,116 @@
+"""Where does a compiled small train step lose to eager, once its graphs replay from CUDA graphs?
+
+Answer: (not run yet)
+
+The seed MLP (bf16, batch 16384, 1024 wide; Linear -> GELU -> Linear -> LayerNorm), forward and backward with
+fixed cotangents, gradients set to None before each step. For each way of running it: the step back to back,
+the host time of the forward call and of the backward call with the device idle before each step (a sync), and
+the device's busy time per step from the profiler's kernel records.
+"""
+
+import copy
+import statistics
+import sys
+import time
+
+import torch
+
+from brrr.bench.backends import resolve_backend
+from brrr.examples import mlp
+
+
+def step_fn(fn, model, x, cot):
+    params = list(model.parameters())
+
+    def step():
+        for p in params:
+            p.grad = None
+        out = fn(x)
+        torch.autograd.backward([out], [cot])
+    return step
+
+
+def back_to_back_us(step, n=300):
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def host_split_us(fn, model, x, cot, n=60):
+    params = list(model.parameters())
+    fwd, bwd, wait = [], [], []
+    for _ in range(n):
+        for p in params:
+            p.grad = None
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn(x)
+        t1 = time.perf_counter()
+        torch.autograd.backward([out], [cot])
+        t2 = time.perf_counter()
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        fwd.append(t1 - t0), bwd.append(t2 - t1), wait.append(t3 - t2)
+    return [statistics.median(v) * 1e6 for v in (fwd, bwd, wait)]
+
+
+def device_busy_us(step, n=20):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    total = sum(e.device_time_total for e in prof.key_averages())   # us, every kernel and copy
+    return total / n
+
+
+def main():
+    torch.manual_seed(0)
+    base, (x,) = mlp(device="cuda", dtype=torch.bfloat16, batch=16384, dim=1024)
+    cot = torch.randn_like(x)
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
+    print(f"{'backend':18s} {'step us':>8s} {'fwd host':>9s} {'bwd host':>9s} {'tail wait':>9s} {'busy us':>8s}")
+    rows = [("eager", None), ("dynamo-eager", "eager"), ("aot_eager", "aot_eager"),
+            ("brrr-launches", "brrr-launches"), ("brrr", "brrr"), ("brrr-cudagraphs", "brrr-cudagraphs")]
+    for label, backend in rows:
+        torch._dynamo.reset()
+        model = copy.deepcopy(base)
+        fn = model if backend is None else torch.compile(model, backend=resolve_backend(backend))
+        step = step_fn(fn, model, x, cot)
+        for _ in range(30):
+            step()
+        b2b = back_to_back_us(step)
+        fwd, bwd, wait = host_split_us(fn, model, x, cot)
+        busy = device_busy_us(step)
+        print(f"{label:18s} {b2b:8.0f} {fwd:9.0f} {bwd:9.0f} {wait:9.0f} {busy:8.0f}", flush=True)
+    with torch.autograd.set_multithreading_enabled(False):
+        torch._dynamo.reset()
+        for label, backend in (("eager, 1 thread", None), ("brrr, 1 thread", "brrr")):
+            model = copy.deepcopy(base)
+            fn = model if backend is None else torch.compile(model, backend=resolve_backend(backend))
+            step = step_fn(fn, model, x, cot)
+            for _ in range(30):
+                step()
+            b2b = back_to_back_us(step)
+            fwd, bwd, wait = host_split_us(fn, model, x, cot)
+            print(f"{label:18s} {b2b:8.0f} {fwd:9.0f} {bwd:9.0f} {wait:9.0f}", flush=True)
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()   # the backward runs on this thread here, so its Python shows too
+        profiler.enable()
+        for _ in range(200):
+            step()
+        torch.cuda.synchronize()
+        profiler.disable()
+        print("brrr, 1 thread: 200 steps under cProfile, by own time")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
