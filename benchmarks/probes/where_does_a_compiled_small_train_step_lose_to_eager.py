@@ -79,7 +79,8 @@ def main():
     for label, backend in rows:
         torch._dynamo.reset()
         model = copy.deepcopy(base)
-        fn = model if backend is None else torch.compile(model, backend=resolve_backend(backend))
+        fn = model if backend is None else torch.compile(
+            model, backend=backend if backend in ("eager", "aot_eager") else resolve_backend(backend))
         step = step_fn(fn, model, x, cot)
         for _ in range(30):
             step()
