@@ -68,48 +68,65 @@ def device_busy_us(step, n=20):
     return total / n
 
 
+def build(base, backend):
+    model = copy.deepcopy(base)
+    if backend is None:
+        return model, model
+    return model, torch.compile(model, backend=backend if backend in ("eager", "aot_eager")
+                                else resolve_backend(backend))
+
+
+def inference_host_us(fn, x, n=200):
+    """Host time of one no-grad call with the device idle (the device work is queued, not waited for)."""
+    times = []
+    with torch.no_grad():
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn(x)
+            times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
+
+
 def main():
     torch.manual_seed(0)
     base, (x,) = mlp(device="cuda", dtype=torch.bfloat16, batch=16384, dim=1024)
     cot = torch.randn_like(x)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
-    print(f"{'backend':18s} {'step us':>8s} {'fwd host':>9s} {'bwd host':>9s} {'tail wait':>9s} {'busy us':>8s}")
     rows = [("eager", None), ("dynamo-eager", "eager"), ("aot_eager", "aot_eager"),
             ("brrr-launches", "brrr-launches"), ("brrr", "brrr"), ("brrr-cudagraphs", "brrr-cudagraphs")]
+    built = {}
     for label, backend in rows:
         torch._dynamo.reset()
-        model = copy.deepcopy(base)
-        fn = model if backend is None else torch.compile(
-            model, backend=backend if backend in ("eager", "aot_eager") else resolve_backend(backend))
+        model, fn = build(base, backend)
         step = step_fn(fn, model, x, cot)
         for _ in range(30):
             step()
-        b2b = back_to_back_us(step)
+        built[label] = (model, fn, step)
+    # no profiler before every timing is done: CUPTI left attached slows a process's later launches
+    print("back to back, us per step (two passes, interleaved):")
+    for rnd in range(2):
+        print("  " + "  ".join(f"{label} {back_to_back_us(step):.0f}" for label, (_, _, step) in built.items()),
+              flush=True)
+    print(f"{'backend':18s} {'fwd host':>9s} {'bwd host':>9s} {'tail wait':>9s}  (device idle before each step)")
+    for label, (model, fn, _) in built.items():
         fwd, bwd, wait = host_split_us(fn, model, x, cot)
-        busy = device_busy_us(step)
-        print(f"{label:18s} {b2b:8.0f} {fwd:9.0f} {bwd:9.0f} {wait:9.0f} {busy:8.0f}", flush=True)
-    with torch.autograd.set_multithreading_enabled(False):
+        print(f"{label:18s} {fwd:9.0f} {bwd:9.0f} {wait:9.0f}", flush=True)
+    print("no-grad call, host us (a graph compiled for inference):")
+    for label, backend in rows[:2] + rows[4:5]:
         torch._dynamo.reset()
-        for label, backend in (("eager, 1 thread", None), ("brrr, 1 thread", "brrr")):
-            model = copy.deepcopy(base)
-            fn = model if backend is None else torch.compile(model, backend=resolve_backend(backend))
-            step = step_fn(fn, model, x, cot)
+        _, fn = build(base, backend)
+        with torch.no_grad():
             for _ in range(30):
-                step()
-            b2b = back_to_back_us(step)
-            fwd, bwd, wait = host_split_us(fn, model, x, cot)
-            print(f"{label:18s} {b2b:8.0f} {fwd:9.0f} {bwd:9.0f} {wait:9.0f}", flush=True)
-        import cProfile
-        import pstats
-
-        profiler = cProfile.Profile()   # the backward runs on this thread here, so its Python shows too
-        profiler.enable()
-        for _ in range(200):
-            step()
-        torch.cuda.synchronize()
-        profiler.disable()
-        print("brrr, 1 thread: 200 steps under cProfile, by own time")
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+                fn(x)
+        print(f"  {label}: {inference_host_us(fn, x):.0f}", flush=True)
+    with torch.autograd.set_multithreading_enabled(False):
+        for label in ("eager", "brrr"):
+            model, fn, step = built[label]
+            print(f"{label}, backward on the calling thread: {back_to_back_us(step):.0f} us per step", flush=True)
+    print("device busy per step (profiler, every kernel and copy):")
+    for label, (_, _, step) in built.items():
+        print(f"  {label}: {device_busy_us(step):.0f} us", flush=True)
     return 0
 
 
