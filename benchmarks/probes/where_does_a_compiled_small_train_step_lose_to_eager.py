@@ -124,6 +124,21 @@ def main():
         for label in ("eager", "brrr"):
             model, fn, step = built[label]
             print(f"{label}, backward on the calling thread: {back_to_back_us(step):.0f} us per step", flush=True)
+    import cProfile
+    import pstats
+
+    model, fn, _ = built["brrr"]
+    profiler = cProfile.Profile()
+    for _ in range(300):
+        for p in model.parameters():
+            p.grad = None
+        profiler.enable()
+        out = fn(x)
+        profiler.disable()
+        torch.autograd.backward([out], [cot])
+    torch.cuda.synchronize()
+    print("brrr's forward call (main thread), 300 calls under cProfile, by cumulative time:")
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
     print("device busy per step (profiler, every kernel and copy):")
     for label, (_, _, step) in built.items():
         print(f"  {label}: {device_busy_us(step):.0f} us", flush=True)
