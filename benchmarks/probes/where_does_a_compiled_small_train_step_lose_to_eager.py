@@ -104,10 +104,15 @@ def main():
             step()
         built[label] = (model, fn, step)
     # no profiler before every timing is done: CUPTI left attached slows a process's later launches
-    print("back to back, us per step (two passes, interleaved):")
-    for rnd in range(2):
+    import triton
+
+    print("back to back, us per step (passes interleaved), then do_bench medians (as the zoo times):")
+    for rnd in range(4):
         print("  " + "  ".join(f"{label} {back_to_back_us(step):.0f}" for label, (_, _, step) in built.items()),
               flush=True)
+    for rnd in range(3):
+        print("  do_bench: " + "  ".join(f"{label} {triton.testing.do_bench(step, warmup=25, rep=300) * 1e3:.0f}"
+                                          for label, (_, _, step) in built.items()), flush=True)
     print(f"{'backend':18s} {'fwd host':>9s} {'bwd host':>9s} {'tail wait':>9s}  (device idle before each step)")
     for label, (model, fn, _) in built.items():
         fwd, bwd, wait = host_split_us(fn, model, x, cot)

@@ -59,24 +59,22 @@ def view_of_current(captured_view, captured_input, current_input):
 
 
 class Loan:
-    """Outputs of one replay handed to a backward without copies, with the autograd ctx that reads them.
+    """Outputs of one replay handed to a backward without copies, and the marker that says whether it may still
+    read them.
 
-    `settle()` runs before the next replay: while the backward may still read the tensors (the ctx lives and
-    autograd still holds its saved marker, i.e. the backward has not run or ran with retain_graph), they are
-    replaced by copies."""
+    `marker` is a tensor that only the backward's saved state holds (`ctx.save_for_backward(marker)`): autograd
+    drops it when it frees the node's saved tensors (the backward ran without retain_graph) or the node itself,
+    and the weak reference then reads None. `settle()` runs before the next replay: while the marker lives,
+    the tensors are replaced by copies. (Asking the ctx for its saved tensors would tell the same, but once
+    they are freed it raises, and a C++ error costs ~10-20 us of host time in every step.)"""
 
-    def __init__(self, tensors, ctx):
-        self.tensors, self.ctx = list(tensors), weakref.ref(ctx)
+    def __init__(self, tensors, marker):
+        self.tensors, self.marker = list(tensors), weakref.ref(marker)
         self.copied = False
         self.callers = frozenset()   # positions holding the caller's own memory (views of its inputs)
 
     def settle(self):
-        ctx = self.ctx()
-        if ctx is None:
-            return
-        try:
-            ctx.saved_tensors   # raises once autograd has freed this node's saved tensors
-        except RuntimeError:
+        if self.copied or self.marker() is None:
             return
         self.tensors = [_copy_keeping_layout(t) if isinstance(t, torch.Tensor) and i not in self.callers else t
                         for i, t in enumerate(self.tensors)]
@@ -125,21 +123,26 @@ class GraphedCall:
             return None
         if self.graph is None and not self._capture(args):
             return None
-        for slot, a, ptr in zip(self.slots, args, self.static_ptrs):
-            if slot == "address" and a.data_ptr() != ptr:
+        for i, ptr in self.addressed:
+            if args[i].data_ptr() != ptr:
                 self.refusals += 1
                 return None
-        self._settle_loans()   # before anything overwrites the graph's memory
-        for slot, s, a, ptr in zip(self.slots, self.static, args, self.static_ptrs):
-            if slot == "copy" and a.data_ptr() != ptr:
-                s.copy_(a)
+        if self.loans:
+            self._settle_loans()   # before anything overwrites the graph's memory
+        for i, static, ptr in self.copied_in:
+            a = args[i]
+            if a.data_ptr() != ptr:
+                static.copy_(a)
         self.graph.replay()
-        lend, views = self.lend, self.views
-        out = tuple(view_of_current(o, self.static[views[i]], args[views[i]]) if i in views else
-                    o.clone() if isinstance(o, torch.Tensor) and i not in lend else o
-                    for i, o in enumerate(self.static_out))
-        self.rebuilt = frozenset(id(out[i]) for i in views)
-        return out
+        out = list(self.static_out)
+        for i in self.cloned:
+            out[i] = out[i].clone()
+        views = self.views
+        if views:
+            for i, j in views.items():
+                out[i] = view_of_current(out[i], self.static[j], args[j])
+            self.rebuilt = frozenset(id(out[i]) for i in views)
+        return tuple(out)
 
     def _capture(self, args):
         try:
@@ -152,6 +155,13 @@ class GraphedCall:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self.static_out = self.call(self.static)
             self.views = input_views(self.static, self.static_out, self.slots)
+            # per replay: the inputs that must not have moved, those copied in, the outputs copied out
+            self.addressed = [(i, ptr) for i, (slot, ptr) in enumerate(zip(self.slots, self.static_ptrs))
+                              if slot == "address"]
+            self.copied_in = [(i, s, ptr) for i, (slot, s, ptr) in
+                              enumerate(zip(self.slots, self.static, self.static_ptrs)) if slot == "copy"]
+            self.cloned = [i for i, o in enumerate(self.static_out)
+                           if isinstance(o, torch.Tensor) and i not in self.lend and i not in self.views]
             self.graph = graph
             return True
         except Exception as e:

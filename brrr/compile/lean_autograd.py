@@ -169,7 +169,6 @@ def _training_callable(capture):
         # with CUDA graphs, a forward replay lends the saved tensors uncopied and the backward reads them there
         fw_call.lend = tuple(range(n_out, n_out + n_saved))
         bw_call.pin = tuple(range(n_saved))
-    released_marker = torch.empty(0)
 
     class LeanCompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -181,9 +180,10 @@ def _training_callable(capture):
             if not fake and getattr(fw_call, "lent", False):
                 # the graph's own memory: the replay that would overwrite it copies it first, if this
                 # backward may still run then (autograd frees the marker once it no longer can)
-                ctx.loan = Loan(saved, ctx)
+                marker = torch.empty(0)
+                ctx.loan = Loan(saved, marker)
                 fw_call.track(ctx.loan)
-                ctx.save_for_backward(released_marker)
+                ctx.save_for_backward(marker)
             else:
                 # a saved view would keep its base's autograd history alive; the backward needs only values
                 ctx.save_for_backward(*[t.detach() if t._is_view() else t for t in saved])

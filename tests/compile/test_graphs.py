@@ -28,26 +28,13 @@ def test_unmoved_inputs_read_in_place_others_copied_outputs_copied(fake_cuda_gra
     assert g.refusals == 1
 
 
-class Ctx:
-    """Stands in for an autograd ctx: `saved_tensors` raises once the backward has freed them."""
-
-    def __init__(self):
-        self.freed = False
-
-    @property
-    def saved_tensors(self):
-        if self.freed:
-            raise RuntimeError("Trying to backward through the graph a second time")
-        return ()
-
-
 def test_lent_outputs_are_the_graphs_memory_and_pending_loans_get_copies(fake_cuda_graphs):
     w = torch.randn(4)
     x0, x1, x2, x3 = (torch.randn(3, 4) for _ in range(4))
     g = GraphedCall(double_and_sum, [x0, w], lend=(1,))
     out = g([x1, w])
     assert out[1] is g.static_out[1] and out[0] is not g.static_out[0]
-    pending, done = Ctx(), Ctx()
+    pending, done = torch.empty(0), torch.empty(0)   # markers: held by a backward's saved state
     loan = Loan([out[1]], pending)
     g.track(loan)
     g([x2, w])                                        # overwrites the graph's memory...
@@ -55,20 +42,35 @@ def test_lent_outputs_are_the_graphs_memory_and_pending_loans_get_copies(fake_cu
     torch.testing.assert_close(loan.tensors[0], (x1 * w).sum(0))
     second = Loan([g.static_out[1]], done)
     g.track(second)
-    done.freed = True                                  # its backward ran: nothing to keep
+    del done                                           # its backward ran: nothing to keep
     g([x3, w])
     assert not second.copied
     torch.testing.assert_close(g.static_out[1], (x3 * w).sum(0))
 
 
-def test_loan_of_a_dead_ctx_is_not_copied():
-    class Dead:
-        pass
-    ctx = Dead()
-    loan = Loan([torch.ones(2)], ctx)
-    del ctx
+def test_a_loan_whose_backward_freed_its_saved_tensors_is_not_copied():
+    """The marker is what autograd frees: after a backward without retain_graph the weak reference is dead; with
+    retain_graph it lives until the last backward."""
+    class Saves(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            marker = torch.empty(0)
+            ctx.loan = Loan([x * 2], marker)
+            ctx.save_for_backward(marker)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    x = torch.randn(3, requires_grad=True)
+    y = Saves.apply(x)
+    loan = y.grad_fn.loan
+    y.sum().backward(retain_graph=True)
+    assert loan.marker() is not None   # a second backward may still read the tensors
+    y.sum().backward()
     loan.settle()
-    assert not loan.copied
+    assert loan.marker() is None and not loan.copied
 
 
 def test_pinned_inputs_are_read_in_place_only_while_lent(fake_cuda_graphs):
@@ -107,7 +109,7 @@ def test_an_output_viewing_an_input_read_in_place_is_a_view_of_this_calls_input(
     out = g([x2, w2])
     assert _same_storage(out[1], w2) and out[1].stride() == (1, 5)
     torch.testing.assert_close(out[0], x2 @ w2.t())
-    pending = Ctx()
+    pending = torch.empty(0)
     loan = Loan([out[1]], pending)
     g.track(loan)
     assert loan.callers == {0}

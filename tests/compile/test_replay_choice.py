@@ -169,4 +169,4 @@ def test_the_last_replay_of_a_rejected_graph_can_still_be_tracked(clock, fake_cu
     for i in range(1 + replay_choice.LAUNCH_SAMPLES + 1 + replay_choice.REPLAY_SAMPLES):
         out = graph([torch.full((4,), float(i)), w])
     assert graph.lent and graph.graphed is None
-    graph.track(Loan(out, graph))   # the lean forward tracks what it was lent: nothing left to overwrite it
+    graph.track(Loan(out, torch.empty(0)))   # the lean forward tracks what it was lent: nothing left to overwrite it
