@@ -103,6 +103,9 @@ def main():
         for _ in range(30):
             step()
         built[label] = (model, fn, step)
+    from brrr.compile import replay_choice
+
+    print("brrr's replay decisions:", *replay_choice.DECISIONS, sep="\n  ")
     # no profiler before every timing is done: CUPTI left attached slows a process's later launches
     import triton
 

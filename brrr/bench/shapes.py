@@ -18,6 +18,7 @@ from brrr.bench import compare
 from brrr.bench.backends import backend_name, resolve_backend, strict_dynamo
 from brrr.bench.result import Measured, dtype_name, with_errors_as_dicts
 from brrr.bench.runner import _eager_reference, _infer_device, _peak_memory, _reason, versions
+from brrr.compile.replay_choice import TRIAL_CALLS
 from brrr.bench.step import Step
 from brrr.bench.timing import time_kernel, time_steady
 from brrr.cost.device import time_once
@@ -132,6 +133,8 @@ def bench_shapes(model, shape_inputs, backends=("eager", "inductor", "brrr"), tr
                         point.error_vs_eager, point.error_vs_reference, wrong = ref.judge(outputs, grads)
                         if wrong:
                             point.status, point.reason = "wrong", wrong
+                        for _ in range(TRIAL_CALLS):   # brrr's launch-or-replay choice, per shape's graphs
+                            step()
                     point.median_s = time_kernel(step, device, warmup=warmup, rep=rep).median_s
                     point.steady_s = time_steady(step, device).median_s
                     point.peak_memory_bytes = _peak_memory(step, device)

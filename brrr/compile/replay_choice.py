@@ -9,18 +9,20 @@ backward runs slower on autograd's device thread than the same code on the main 
 guess: after the first call (which checks the kernels) a graph runs LAUNCH_SAMPLES calls launching its
 kernels, then is captured and runs REPLAY_SAMPLES replays, each timed on the host (perf_counter) and on the
 device (CUDA events on the current stream, which include any wait for the host). A call costs the larger of
-the two; the graph keeps replaying only when the median replay costs less than MARGIN of the median launch.
+the two, and each way is judged by its cheapest call (a busy host only ever adds time: on the lent H100 hosts
+one step of the same program varies by up to 2x from call to call). The graph keeps replaying only when its
+cheapest replay costs less than MARGIN of its cheapest launch.
 Every verdict is logged (`DECISIONS`), and `brrr explain` lists them.
 """
 
-import statistics
 import time
 from dataclasses import dataclass
 
 import torch
 
-LAUNCH_SAMPLES = 3
-REPLAY_SAMPLES = 3
+LAUNCH_SAMPLES = 5
+REPLAY_SAMPLES = 5
+TRIAL_CALLS = 1 + LAUNCH_SAMPLES + 1 + REPLAY_SAMPLES   # the checking call, launches, the capture, replays
 MARGIN = 0.95        # a replay must save 5%: less is within a host's noise, and replays hold memory
 
 DECISIONS = []       # Decision records, process-wide, in the order they were made
@@ -30,8 +32,8 @@ DECISIONS = []       # Decision records, process-wide, in the order they were ma
 class Decision:
     graph: str                 # inference | forward | backward
     replay: bool
-    launch_s: float | None     # median cost per call launching the kernels
-    replay_s: float | None     # median cost per call replaying the CUDA graph (None: it could not replay)
+    launch_s: float | None     # least cost of a call launching the kernels
+    replay_s: float | None     # least cost of a call replaying the CUDA graph (None: it could not replay)
     reason: str
 
     def __str__(self):
@@ -66,9 +68,9 @@ class Sample:
         return max(self.host_s, self.start.elapsed_time(self.end) / 1e3)
 
 
-def median_cost(samples):
+def least_cost(samples):
     samples[-1].end.synchronize()   # events on one stream complete in order: the others are done too
-    return statistics.median(s.cost_s() for s in samples)
+    return min(s.cost_s() for s in samples)
 
 
 class ReplayTrial:
@@ -100,7 +102,7 @@ class ReplayTrial:
         sample.stop()
         self.replayed.append(sample)
         if len(self.replayed) == REPLAY_SAMPLES:
-            launch_s, replay_s = median_cost(self.launched), median_cost(self.replayed)
+            launch_s, replay_s = least_cost(self.launched), least_cost(self.replayed)
             wins = replay_s < MARGIN * launch_s
             self._decide(wins, replay_s, "faster replayed" if wins else "not faster replayed", launch_s)
         return out, True
