@@ -6,9 +6,9 @@ outputs out, and keeps the graph's memory. It pays when the host, launching kern
 GPU waiting; it costs when the GPU is the bottleneck. Which one holds depends on the host as much as on the
 graph: the seed MLP's train step is host-bound on one H100 host and nearly balanced on another, and a Python
 backward runs slower on autograd's device thread than the same code on the main thread. So brrr does not
-guess: after the first call (which checks the kernels) a graph runs LAUNCH_SAMPLES calls launching its
-kernels, then is captured and runs REPLAY_SAMPLES replays, each timed on the host (perf_counter) and on the
-device (CUDA events on the current stream, which include any wait for the host). A call costs the larger of
+guess: after the first call (which checks the kernels) a graph is captured, then launches its kernels and
+replays in turn, SAMPLES calls each way, each timed on the host (perf_counter) and on the device (CUDA events
+on the current stream, which include any wait for the host). A call costs the larger of
 the two, and each way is judged by its cheapest call (a busy host only ever adds time: on the lent H100 hosts
 one step of the same program varies by up to 2x from call to call). The graph keeps replaying only when its
 cheapest replay costs less than MARGIN of its cheapest launch.
@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-LAUNCH_SAMPLES = 5
-REPLAY_SAMPLES = 5
-TRIAL_CALLS = 1 + LAUNCH_SAMPLES + 1 + REPLAY_SAMPLES   # the checking call, launches, the capture, replays
+SAMPLES = 5                        # timed calls each way
+TRIAL_CALLS = 1 + 1 + 2 * SAMPLES   # the checking call, the capture, then launches and replays in turn
 MARGIN = 0.95        # a replay must save 5%: less is within a host's noise, and replays hold memory
 
 DECISIONS = []       # Decision records, process-wide, in the order they were made
@@ -74,8 +73,11 @@ def least_cost(samples):
 
 
 class ReplayTrial:
-    """Runs a verified graph's next calls, launching then replaying, until a verdict: `replay` becomes True
-    or False. `run(call, graphed, args)` returns (outputs, whether they came from a replay)."""
+    """Runs a verified graph's next calls until a verdict (`replay` becomes True or False): the capture, then
+    launches and replays in turn, so both ways see the same host and allocator (the first calls of a training
+    loop still grow the caching allocator, which slows whichever way runs then). A forward and its backward
+    take their turns in step: a backward replays only while its forward's replay lent it the saved tensors.
+    `run(call, graphed, args)` returns (outputs, whether they came from a replay)."""
 
     def __init__(self, kind):
         self.kind = kind
@@ -85,7 +87,7 @@ class ReplayTrial:
         self.decision = None
 
     def run(self, call, graphed, args):
-        if len(self.launched) < LAUNCH_SAMPLES:
+        if self.captured and len(self.launched) <= len(self.replayed):
             sample = Sample()
             out = call(args)
             sample.stop()
@@ -101,7 +103,7 @@ class ReplayTrial:
             return out, True
         sample.stop()
         self.replayed.append(sample)
-        if len(self.replayed) == REPLAY_SAMPLES:
+        if len(self.replayed) == SAMPLES:
             launch_s, replay_s = least_cost(self.launched), least_cost(self.replayed)
             wins = replay_s < MARGIN * launch_s
             self._decide(wins, replay_s, "faster replayed" if wins else "not faster replayed", launch_s)

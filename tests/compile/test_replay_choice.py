@@ -69,8 +69,7 @@ def test_a_host_bound_graph_keeps_replaying(clock, fake_cuda_graphs):
     w = torch.randn(4)
     call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
     graph = CompiledGraph(call, None, "", cuda_graphs="auto", kind="forward")
-    trial_calls = 1 + replay_choice.LAUNCH_SAMPLES + 1 + replay_choice.REPLAY_SAMPLES
-    run_calls(graph, trial_calls, w)
+    run_calls(graph, replay_choice.TRIAL_CALLS, w)
     assert graph.trial is None and graph.graphed is not None
     (decision,) = replay_choice.DECISIONS
     assert decision.replay and decision.graph == "forward"
@@ -84,7 +83,7 @@ def test_a_device_bound_graph_goes_back_to_launching(clock, fake_cuda_graphs):
     w = torch.randn(4)
     call = costed_call(clock, fake_cuda_graphs, launch=(100e-6, 1000e-6), replay=(20e-6, 1080e-6))
     graph = CompiledGraph(call, None, "", cuda_graphs="auto", kind="backward")
-    run_calls(graph, 1 + replay_choice.LAUNCH_SAMPLES + 1 + replay_choice.REPLAY_SAMPLES, w)
+    run_calls(graph, replay_choice.TRIAL_CALLS, w)
     (decision,) = replay_choice.DECISIONS
     assert not decision.replay and decision.replay_s == pytest.approx(1080e-6)
     assert graph.trial is None and graph.graphed is None
@@ -98,20 +97,21 @@ def test_a_saving_inside_the_margin_is_not_taken(clock, fake_cuda_graphs):
     w = torch.randn(4)
     call = costed_call(clock, fake_cuda_graphs, launch=(300e-6, 100e-6), replay=(20e-6, 290e-6))
     graph = CompiledGraph(call, None, "", cuda_graphs="auto")
-    run_calls(graph, 1 + replay_choice.LAUNCH_SAMPLES + 1 + replay_choice.REPLAY_SAMPLES, w)
+    run_calls(graph, replay_choice.TRIAL_CALLS, w)
     assert not replay_choice.DECISIONS[0].replay   # 290 vs 300 us: inside MARGIN
 
 
-def test_only_replays_lend_their_outputs(clock, fake_cuda_graphs):
+def test_only_replays_lend_their_outputs_and_the_two_ways_take_turns(clock, fake_cuda_graphs):
     w = torch.randn(4)
     call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
     graph = CompiledGraph(call, None, "", cuda_graphs="auto")
     graph.lend = (0,)
     lent = []
-    for i in range(1 + replay_choice.LAUNCH_SAMPLES + 1 + replay_choice.REPLAY_SAMPLES):
+    for i in range(replay_choice.TRIAL_CALLS):
         graph([torch.full((4,), float(i)), w])
         lent.append(graph.lent)
-    assert lent == [False] * (1 + replay_choice.LAUNCH_SAMPLES) + [True] * (1 + replay_choice.REPLAY_SAMPLES)
+    # the checking call launches, the capture replays, then launches and replays take turns
+    assert lent == [False, True] + [False, True] * replay_choice.SAMPLES
 
 
 def test_a_graph_that_cannot_capture_launches(clock, fake_cuda_graphs, monkeypatch):
@@ -121,7 +121,7 @@ def test_a_graph_that_cannot_capture_launches(clock, fake_cuda_graphs, monkeypat
     w = torch.randn(4)
     call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
     graph = CompiledGraph(call, None, "", cuda_graphs="auto")
-    run_calls(graph, 1 + replay_choice.LAUNCH_SAMPLES + 1, w)
+    run_calls(graph, 2, w)
     (decision,) = replay_choice.DECISIONS
     assert not decision.replay and decision.replay_s is None and graph.graphed is None
     assert "could not capture" in str(decision)
@@ -166,7 +166,23 @@ def test_the_last_replay_of_a_rejected_graph_can_still_be_tracked(clock, fake_cu
     call = costed_call(clock, fake_cuda_graphs, launch=(100e-6, 1000e-6), replay=(20e-6, 1080e-6))
     graph = CompiledGraph(call, None, "", cuda_graphs="auto")
     graph.lend = (0,)
-    for i in range(1 + replay_choice.LAUNCH_SAMPLES + 1 + replay_choice.REPLAY_SAMPLES):
+    for i in range(replay_choice.TRIAL_CALLS):
         out = graph([torch.full((4,), float(i)), w])
     assert graph.lent and graph.graphed is None
     graph.track(Loan(out, torch.empty(0)))   # the lean forward tracks what it was lent: nothing left to overwrite it
+
+
+def test_early_slow_calls_do_not_decide_for_replaying(clock, fake_cuda_graphs):
+    """The first calls of a training loop are slow (the caching allocator still grows): launches and replays
+    take turns, so a graph whose launches are fast once warm keeps launching."""
+    w, calls = torch.randn(4), [0]
+
+    def call(args):
+        calls[0] += 1
+        warm = calls[0] > 6
+        clock.spend(*((20e-6, 14.7e-3) if fake_cuda_graphs.replaying else (20e-6, 12e-3 if warm else 21e-3)))
+        return (args[0] * args[1] + 1,)
+    graph = CompiledGraph(call, None, "", cuda_graphs="auto")
+    run_calls(graph, replay_choice.TRIAL_CALLS, w)
+    (decision,) = replay_choice.DECISIONS
+    assert not decision.replay and decision.launch_s == pytest.approx(12e-3)
