@@ -130,7 +130,8 @@ def overhead_advice(records, split, wall_time_s, busy_time_s, kind, fusion_items
         items.append(advice_item(
             "cuda-graphs",
             f"{share}; the GPU idles {idle / wall_time_s:.0%} of the time waiting for launches. CUDA graphs "
-            f"(brrr.compile(model, cuda_graphs=True), torch.compile mode=\"reduce-overhead\" or torch.cuda.graphs) "
+            f"(brrr.compile(model) replays where it measures a gain, cuda_graphs=True always; torch.compile "
+            f"mode=\"reduce-overhead\" or torch.cuda.graphs) "
             f"replay the step's kernels in one launch: predicted step {(wall_time_s - idle) * 1e3:.3g} ms",
             idle,
         ))
