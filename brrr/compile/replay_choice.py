@@ -84,7 +84,6 @@ class ReplayTrial:
         self.launched, self.replayed = [], []
         self.captured = False
         self.replay = None
-        self.decision = None
 
     def run(self, call, graphed, args):
         if self.captured and len(self.launched) <= len(self.replayed):
@@ -96,7 +95,7 @@ class ReplayTrial:
         sample = Sample() if self.captured else None   # the capturing call is not a replay's cost
         out = graphed(args)
         if out is None:   # capture failed, or an input read in place has moved
-            self._decide(False, None, "its CUDA graph could not capture or replay these inputs")
+            self._decide(False, "its CUDA graph could not capture or replay these inputs")
             return call(args), False
         if sample is None:
             self.captured = True
@@ -106,9 +105,9 @@ class ReplayTrial:
         if len(self.replayed) == SAMPLES:
             launch_s, replay_s = least_cost(self.launched), least_cost(self.replayed)
             wins = replay_s < MARGIN * launch_s
-            self._decide(wins, replay_s, "faster replayed" if wins else "not faster replayed", launch_s)
+            self._decide(wins, "faster replayed" if wins else "not faster replayed", launch_s, replay_s)
         return out, True
 
-    def _decide(self, replay, replay_s, reason, launch_s=None):
+    def _decide(self, replay, reason, launch_s=None, replay_s=None):
         self.replay = replay
-        self.decision = log(Decision(self.kind, replay, launch_s, replay_s, reason))
+        log(Decision(self.kind, replay, launch_s, replay_s, reason))
