@@ -96,6 +96,50 @@ def rows(x_ptr, s_ptr, q_ptr, C: tl.constexpr, ROWS_PER: tl.constexpr, RBLOCK: t
 
 
 @triton.jit
+def tile2_staged(x_ptr, s_ptr, q_ptr, C: tl.constexpr, ROWS_PER: tl.constexpr, XBLOCK: tl.constexpr,
+                 RBLOCK: tl.constexpr, STAGES: tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
+    part = xindex // C
+    c = xindex % C
+    k = tl.load(x_ptr + c).to(tl.float32)
+    base = x_ptr + part * ROWS_PER * C + c
+    a1 = tl.zeros([XBLOCK, RBLOCK], tl.float32)
+    a2 = tl.zeros([XBLOCK, RBLOCK], tl.float32)
+    for r0 in tl.range(0, ROWS_PER, RBLOCK, num_stages=STAGES):
+        r = r0 + tl.arange(0, RBLOCK)[None, :]
+        v = tl.load(base + r * C, r < ROWS_PER, other=0).to(tl.float32)
+        d = tl.where(r < ROWS_PER, v - k, 0.0)
+        a1 += d
+        a2 += d * d
+    tl.store(s_ptr + xindex, tl.sum(a1, 1)[:, None])
+    tl.store(q_ptr + xindex, tl.sum(a2, 1)[:, None])
+
+
+@triton.jit
+def oneshot(x_ptr, s_ptr, q_ptr, C: tl.constexpr, ROWS: tl.constexpr, XBLOCK: tl.constexpr,
+            RBLOCK: tl.constexpr):
+    # program (row block, channel block): one [XBLOCK, RBLOCK] tile, no loop; partials [row blocks, C]
+    pr = tl.program_id(0)
+    c = tl.program_id(1) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
+    r = pr * RBLOCK + tl.arange(0, RBLOCK)[None, :]
+    k = tl.load(x_ptr + c).to(tl.float32)
+    v = tl.load(x_ptr + r * C + c, r < ROWS, other=0).to(tl.float32)
+    d = tl.where(r < ROWS, v - k, 0.0)
+    tl.store(s_ptr + pr * C + c, tl.sum(d, 1)[:, None])
+    tl.store(q_ptr + pr * C + c, tl.sum(d * d, 1)[:, None])
+
+
+@triton.jit
+def read_staged(x_ptr, out_ptr, N: tl.constexpr, PER: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    p = tl.program_id(0)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for i in tl.range(0, PER, BLOCK, num_stages=STAGES):
+        idx = p * PER + i + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + idx, idx < N, other=0).to(tl.float32)
+    tl.store(out_ptr + p, tl.sum(acc, 0))
+
+
+@triton.jit
 def read(x_ptr, out_ptr, N: tl.constexpr, PER: tl.constexpr, BLOCK: tl.constexpr):
     p = tl.program_id(0)
     acc = tl.zeros([BLOCK], tl.float32)
@@ -135,39 +179,40 @@ def main():
     fn = lambda t: torch.var_mean(t, dim=(0, 2, 3), correction=0)
     report("eager var_mean", do_bench(lambda: fn(x), warmup=50, rep=300))
     import brrr
-    compiled = torch.compile(fn, backend="brrr")
+    compiled = brrr.compile(fn)
     compiled(x)
     report("brrr var_mean (both kernels)", do_bench(lambda: compiled(x), warmup=50, rep=300))
 
     for parts in (256, 512):
         per = rows_total // parts
-        for xb, rb, warps in ((64, 32, 4), (64, 64, 2), (64, 16, 4), (32, 32, 4), (128, 32, 8)):
-            grid = (parts * c // xb,)
-            s = torch.empty(parts * c, device="cuda")
-            q = torch.empty_like(s)
-            m = torch.empty_like(s)
-            report(f"tile3 P{parts} [{xb},{rb}] w{warps}", do_bench(
-                lambda: tile3[grid](x, s, q, m, c, per, xb, rb, num_warps=warps), warmup=50, rep=300),
-                stats(s, q, parts))
-            for unroll in (1, 2):
-                report(f"tile2 x{unroll} P{parts} [{xb},{rb}] w{warps}", do_bench(
-                    lambda: tile2[grid](x, s, q, c, per, xb, rb, unroll, num_warps=warps), warmup=50, rep=300),
-                    stats(s, q, parts))
-    for parts in (392, 784, 1568, 3136):
-        per = rows_total // parts
         s = torch.empty(parts * c, device="cuda")
         q = torch.empty_like(s)
-        for rb, warps in ((8, 4), (16, 4), (16, 8), (32, 8)):
-            report(f"rows P{parts} [{rb},{c}] w{warps}", do_bench(
-                lambda: rows[(parts,)](x, s, q, c, per, rb, num_warps=warps), warmup=50, rep=300),
-                stats(s, q, parts))
+        for xb, rb, warps in ((64, 32, 4), (64, 16, 4), (32, 32, 4), (128, 16, 8)):
+            grid = (parts * c // xb,)
+            for stages in (1, 2, 3, 4):
+                report(f"tile2 staged{stages} P{parts} [{xb},{rb}] w{warps}", do_bench(
+                    lambda: tile2_staged[grid](x, s, q, c, per, xb, rb, stages, num_warps=warps), warmup=50,
+                    rep=300), stats(s, q, parts))
+    for xb, rb, warps in ((64, 64, 4), (64, 128, 4), (64, 128, 8), (128, 64, 8), (256, 32, 8), (256, 64, 8),
+                          (32, 256, 8), (64, 256, 8)):
+        row_blocks = triton.cdiv(rows_total, rb)
+        s = torch.empty(row_blocks * c, device="cuda")
+        q = torch.empty_like(s)
+        grid = (row_blocks, c // xb)
+        report(f"oneshot [{xb},{rb}] w{warps} ({row_blocks} row blocks)", do_bench(
+            lambda: oneshot[grid](x, s, q, c, rows_total, xb, rb, num_warps=warps), warmup=50, rep=300),
+            stats(s, q, row_blocks))
     flat = x.permute(0, 2, 3, 1).reshape(-1)
-    for parts, block, warps in ((1024, 4096, 8), (2048, 2048, 4), (4096, 2048, 8)):
+    for parts, block, warps in ((1024, 4096, 8), (4096, 2048, 8)):
         out = torch.empty(parts, device="cuda")
         per = triton.cdiv(flat.numel(), parts)
         per = triton.cdiv(per, block) * block
-        report(f"read P{parts} B{block} w{warps}", do_bench(
-            lambda: read[(parts,)](flat, out, flat.numel(), per, block, num_warps=warps), warmup=50, rep=300))
+        for stages in (1, 3, 4):
+            report(f"read staged{stages} P{parts} B{block} w{warps}", do_bench(
+                lambda: read_staged[(parts,)](flat, out, flat.numel(), per, block, stages, num_warps=warps),
+                warmup=50, rep=300))
+    copy_dst = torch.empty_like(flat)
+    report("copy (bytes read only, for scale)", do_bench(lambda: copy_dst.copy_(flat), warmup=50, rep=300))
     return 0
 
 
