@@ -211,6 +211,8 @@ def main():
             report(f"read staged{stages} P{parts} B{block} w{warps}", do_bench(
                 lambda: read_staged[(parts,)](flat, out, flat.numel(), per, block, stages, num_warps=warps),
                 warmup=50, rep=300))
+    report("eager sum of the flat tensor (read roof)", do_bench(lambda: flat.sum(), warmup=50, rep=300))
+    report("eager sum, fp32 accumulate", do_bench(lambda: flat.sum(dtype=torch.float32), warmup=50, rep=300))
     copy_dst = torch.empty_like(flat)
     report("copy (bytes read only, for scale)", do_bench(lambda: copy_dst.copy_(flat), warmup=50, rep=300))
     return 0

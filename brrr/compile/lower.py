@@ -302,6 +302,8 @@ def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype
             full[d] = i
         for d, i in zip(reduced_dims, unflatten(r, reduced_sizes, tuple(range(len(reduced_dims))))):
             full[d] = i
+        if chunks * block == rsize:   # the chunks tile the row exactly: no lane is past its end
+            return body(full)
         v = masked(cond, lambda: body(full))
         return Op("where", [cond, v, identity(rtype, v.dtype)], v.dtype)
     part_dtype = acc_dtype if acc_dtype != torch.bool else torch.bool
@@ -359,6 +361,7 @@ class Lowering:
         self.externs = []
         self.seeds = {}
         self.index_checks = []  # (graph-input index buffer, lowest valid value, size, op): checked per call
+        self.shifted_sums = {}  # (IR input, dims, output shape) -> one-pass moments shared by var and sum
         self.added = set()
 
     def fresh(self, prefix):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from brrr.compile import ir
 from brrr.compile.backend import make_backend
 from brrr.compile.indexing import Ix, linear
-from tests.compile.helpers import compiled
+from tests.compile.helpers import compiled, rel_err, to64
 
 
 def plans(fn, *inputs):
@@ -206,6 +206,48 @@ def test_split_batch_norm_statistics_load_at_an_affine_index():
     partial = next(ks for k, ks in kernels.items() if len(k.shape) == 3)
     loads = [line for line in partial.source.splitlines() if "tl.load(in_ptr0 + (" in line and "rindex" in line]
     assert loads and not any(re.search(r"[/%] 56\b", line) for line in loads), loads
+
+
+def _partial_kernel_of_statistics(x):
+    (_, _, kernels), = plans(lambda x: torch.var_mean(x, (0, 2, 3), correction=0), x)
+    return next(ks for k, ks in kernels.items() if len(k.shape) == 3)
+
+
+def test_split_statistics_keep_two_accumulators_and_load_the_shift_once():
+    # var_mean decomposes into a variance and a separate sum of x; the sum comes from the variance's one-pass
+    # moments (n * K + sum(x - K)), so the kernel that reads the 103 MB keeps two accumulators, not three, and
+    # the shift K (x at the row's first element) is loaded before the loop, not once per iteration
+    x = torch.empty(64, 256, 56, 56, dtype=torch.bfloat16, device="meta").to(memory_format=torch.channels_last)
+    lines = _partial_kernel_of_statistics(x).source.splitlines()
+    loop = next(i for i, line in enumerate(lines) if line.strip().startswith("for roffset"))
+    accumulators = [line for line in lines if re.match(r"\s+acc\d+ = tl.full", line)]
+    assert len(accumulators) == 2, accumulators
+    loads = [(i, line) for i, line in enumerate(lines) if "tl.load(" in line]
+    assert [i < loop for i, line in loads if "rindex" not in line] == [True]   # the shift, hoisted
+    assert all(i > loop for i, line in loads if "rindex" in line)
+    # 200704 rows split into 256 chunks of 784: the chunks tile the rows exactly, so no chunk-end mask
+    assert not any("< 200704" in line for line in lines)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_norm_training_with_shared_moments_matches_eager(dtype):
+    # far from 0, so the shift matters; the mean comes from the shifted sum (n * K + s)
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(24).to(dtype)
+    x = (torch.randn(4, 24, 40, 40) * 3 + 500).to(dtype).to(memory_format=torch.channels_last)
+    ref_bn = to64(bn)
+    out = compiled(lambda t: bn(t))(x)
+    ref = ref_bn(x.double())
+    assert rel_err(out, ref) < (2e-5 if dtype == torch.float32 else 2e-2)
+    assert rel_err(bn.running_mean, ref_bn.running_mean) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert rel_err(bn.running_var, ref_bn.running_var) < (1e-4 if dtype == torch.float32 else 2e-2)
+
+
+def test_a_sum_beside_another_variance_is_not_shared():
+    # a sum over other dims than the variance's reduces on its own, and both match eager
+    x = (torch.randn(4, 24, 40, 40) + 7).to(memory_format=torch.channels_last)
+    f = lambda x: (torch.var(x, (0, 2, 3)), x.sum((0, 1)), x.mean((0, 2, 3)))   # noqa: E731
+    assert_like_eager(compiled(f)(x), f(x), tol=2e-5)
 
 
 @pytest.mark.parametrize("shape, dims", [((8, 16, 16, 16), (0, 2, 3)), ((4, 64, 64, 64), (0, 2, 3)),

@@ -50,7 +50,7 @@ class KernelSource:
 
 class Scope:
     def __init__(self, parent=None, indent="    "):
-        self.lines, self.indent = [], indent
+        self.lines, self.indent, self.parent = [], indent, parent
         self.cache = dict(parent.cache) if parent else {}
         self.rdep = dict(parent.rdep) if parent else {}
 
@@ -77,9 +77,13 @@ class Codegen:
             return scope.cache[expr]
         self.counter += 1
         name = f"tmp{self.counter}"
-        scope.lines.append(f"{scope.indent}{name} = {expr}")
-        scope.cache[expr] = name
-        scope.rdep[name] = rdep
+        # a value the same for every reduced element (a shift, a per-row scale) is computed once per program,
+        # before the loop: in the loop it cost channels_last batch-norm statistics a load per iteration
+        home = scope.parent if scope.parent is not None and not rdep else scope
+        home.lines.append(f"{home.indent}{name} = {expr}")
+        for sc in {id(scope): scope, id(home): home}.values():
+            sc.cache[expr] = name
+            sc.rdep[name] = rdep
         return name
 
     def ptr(self, node, table, prefix):

@@ -27,6 +27,8 @@ def lower_sum(L, fx, x, dims=None, keepdim=False, *, dtype=None, **kw):
         red = make_reduction(L, fx, x, dims, rtype, tuple(m.shape), torch.bool,
                              body=lambda idx: cast(x(idx), torch.bool), acc_dtype=torch.bool)
         return red
+    if rtype == "sum" and not kw and dtype is None and _shares_shifted_sum(fx, x, dims, m):
+        return _sum_from_shifted(L, fx, x, dims, tuple(m.shape), m.dtype, name)
     red = make_reduction(L, fx, x, dims, rtype, tuple(m.shape), m.dtype)
     if name != "mean":
         return red
@@ -38,6 +40,21 @@ def lower_sum(L, fx, x, dims=None, keepdim=False, *, dtype=None, **kw):
     red.meta["fake"] = torch.empty(tuple(m.shape), dtype=acc, device="meta")
     return pw(L, fx, lambda idx: cast(Op("div", [red(idx), Const(n, acc)], acc), m.dtype),
               ops=("mean",))
+
+
+def _sum_from_shifted(L, fx, x, dims, vshape, out, name):
+    """sum (or mean) of rows whose one-pass moments a variance beside it computes: n * K + s (K + s / n)."""
+    acc = torch.float32 if out in (torch.float16, torch.bfloat16) else out
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    s, _, k_at = shifted_sums(L, fx, x, dims, vshape, acc)
+
+    def value(idx):
+        if name == "mean":
+            return cast(Op("add", [k_at(idx), Op("div", [s(idx), Const(n, acc)], acc)], acc), out)
+        return cast(Op("add", [s(idx), Op("mul", [k_at(idx), Const(n, acc)], acc)], acc), out)
+    return pw(L, fx, value, ops=(name,))
 
 
 @register("max", "min")
@@ -110,9 +127,14 @@ def _two_pass_moments(L, fx, x, dims, vshape, acc, n):
     return mean_at, ss
 
 
-def _shifted_moments(L, fx, x, dims, vshape, acc, n):
-    """(mean, sum of squared deviations) from one pass: s = sum(x - K), q = sum((x - K)^2) over a row, K its
-    first element; mean = K + s / n, squared deviations q - s^2 / n (never below 0)."""
+def shifted_sums(L, fx, x, dims, vshape, acc):
+    """(s, q, k_at) of one pass over a row: s = sum(x - K), q = sum((x - K)^2), K the row's first element, and
+    k_at(output index) -> K. Kept per input, dims and shape, so a plain sum of the same rows (the mean that
+    batch norm's decomposition computes beside the variance) is s + n * K instead of a third accumulator."""
+    key = (_same_values(fx.args[0]), tuple(dims), tuple(vshape))
+    if key in L.shifted_sums:
+        return L.shifted_sums[key]
+
     def shift(src_idx):
         # K: x at the row's first element, which every row has (n > 0); loaded without the masks of a split
         # reduction's chunk, so a looped kernel loads it per row, not per reduced element
@@ -138,14 +160,57 @@ def _shifted_moments(L, fx, x, dims, vshape, acc, n):
         it = iter(idx)
         return [Ix() if d in dims else next(it) for d in range(len(x.shape))]
 
+    L.shifted_sums[key] = (s, q, lambda idx: shift(source_index(idx)))
+    return L.shifted_sums[key]
+
+
+def _shifted_moments(L, fx, x, dims, vshape, acc, n):
+    """(mean, sum of squared deviations) from one pass (shifted_sums): mean = K + s / n, squared deviations
+    q - s^2 / n (never below 0)."""
+    s, q, k_at = shifted_sums(L, fx, x, dims, vshape, acc)
+
     def mean_at(idx):
-        return Op("add", [shift(source_index(idx)), Op("div", [s(idx), Const(n, acc)], acc)], acc)
+        return Op("add", [k_at(idx), Op("div", [s(idx), Const(n, acc)], acc)], acc)
 
     def var_at(idx):
         s_i = s(idx)
         q_i = Op("sub", [q(idx), Op("div", [Op("mul", [s_i, s_i], acc), Const(n, acc)], acc)], acc)
         return Op("maximum", [q_i, Const(0, acc)], acc)
     return mean_at, var_at
+
+
+def _shares_shifted_sum(fx, x, dims, m):
+    """Whether this float sum can come from the one-pass moments of a variance beside it."""
+    return (m.dtype.is_floating_point and x.dtype.is_floating_point and all(x.shape[d] for d in dims)
+            and _variance_beside(fx, dims, len(x.shape)) and not reads_in_one_tile(x, dims))
+
+
+def _same_values(node):
+    """(source node, dtype): an FX value up to casts between float types. A decomposition casts its input once
+    per use (var_mean's variance and sum each get their own _to_copy of x)."""
+    dtype = getattr(meta(node), "dtype", None)
+    while isinstance(node, torch.fx.Node) and op_name(node.target) in ("_to_copy", "convert_element_type"):
+        src = node.args[0]
+        extra = set(node.kwargs) - {"dtype"}
+        if extra or not isinstance(src, torch.fx.Node) or not getattr(meta(src), "dtype", torch.int64).is_floating_point:
+            break
+        node = src
+    return node, dtype
+
+
+def _variance_beside(fx, dims, ndim):
+    """Whether a variance over the same values and dims sits beside this sum in the graph (a decomposed batch
+    norm or var_mean): its one-pass moments then hold this sum too."""
+    mine = _same_values(fx.args[0])
+    root = mine[0]
+    candidates = [u for u in root.users] + [v for u in root.users for v in u.users]
+    for user in candidates:
+        if user is fx or op_name(user.target) not in ("var", "var_mean", "std"):
+            continue
+        vd = user.args[1] if len(user.args) > 1 else user.kwargs.get("dims", user.kwargs.get("dim"))
+        if vd is not None and _same_values(user.args[0]) == mine and sorted(norm_dims(vd, ndim)) == sorted(dims):
+            return True
+    return False
 
 
 @register("linalg_vector_norm")
@@ -186,7 +251,10 @@ def lower_vector_norm(L, fx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
 def prim_reduce(L, fx, x, dims, output_dtype=None):
     m = meta(fx)
     rtype = {"sum": "sum", "amax": "max", "amin": "min", "prod": "prod"}[op_name(fx.target)]
-    return make_reduction(L, fx, x, norm_dims(dims, len(x.shape)), rtype, tuple(m.shape), m.dtype)
+    dims = norm_dims(dims, len(x.shape))
+    if rtype == "sum" and output_dtype is None and _shares_shifted_sum(fx, x, dims, m):
+        return _sum_from_shifted(L, fx, x, dims, tuple(m.shape), m.dtype, "sum")
+    return make_reduction(L, fx, x, dims, rtype, tuple(m.shape), m.dtype)
 
 
 @register_prim("var")
