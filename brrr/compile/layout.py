@@ -81,13 +81,10 @@ def _dims_in(base):
     return []   # an index loaded from memory (gather): says nothing about the dims
 
 
-def largest_input(value, shape):
-    """(order, elements touched) of the largest tensor `value` loads, as seen from the iteration space `shape`
-    (value built at `dim_vars(shape)`), or None when no load tells its order. Of several loads of one tensor,
-    the one that spans most of the space decides: a layer norm's shift (x[:, 0], broadcast along the row) reads
-    the same tensor as its x, but walking by it would put the rows innermost."""
+def input_orders(value, shape):
+    """(order, elements touched, (bytes, elements spanned)) of each tensor load in `value` that tells its order,
+    as seen from the iteration space `shape` (value built at `dim_vars(shape)`)."""
     from brrr.cost.ops import tensor_bytes
-    best, best_key = None, None
     for v in ir.walk(value):
         if isinstance(v, ir.ReduceRef) and v.node.stride:   # a reduction an earlier kernel stored: a load
             v = ir.Load(v.node, linear(v.idx, v.node.stride), v.dtype)
@@ -101,11 +98,34 @@ def largest_input(value, shape):
         spanned = 1
         for s, size in zip(strides, shape):
             spanned *= int(size) if s != 0 else 1
-        key = (nbytes, spanned)
+        elements = nbytes // fake.element_size() if hasattr(fake, "element_size") else nbytes
+        yield order_of(strides, shape), elements, (nbytes, spanned)
+
+
+def largest_input(value, shape):
+    """(order, elements touched) of the largest tensor `value` loads, as seen from the iteration space `shape`
+    (value built at `dim_vars(shape)`), or None when no load tells its order. Of several loads of one tensor,
+    the one that spans most of the space decides: a layer norm's shift (x[:, 0], broadcast along the row) reads
+    the same tensor as its x, but walking by it would put the rows innermost."""
+    best, best_key = None, None
+    for order, elements, key in input_orders(value, shape):
         if best_key is None or key > best_key:
-            elements = nbytes // fake.element_size() if hasattr(fake, "element_size") else nbytes
-            best, best_key = (order_of(strides, shape), elements), key
+            best, best_key = (order, elements), key
     return best
+
+
+def reads_across_rows(value, shape, dims):
+    """Whether a row reduction over `dims` also loads a large tensor (a quarter of the space or more) whose
+    innermost dim is a kept one: a gradient that reaches a layer norm through a transpose (MLP-Mixer's token
+    mixing). Walking rows, neighbouring lanes of that load sit a whole row apart."""
+    space = 1
+    for size in shape:
+        space *= int(size)
+    for order, elements, _ in input_orders(value, shape):
+        inner = innermost(shape, order)
+        if inner is not None and inner not in dims and 4 * elements >= space:
+            return True
+    return False
 
 
 def largest_input_order(value, shape):

@@ -206,6 +206,7 @@ SPLIT_MAX_X = 32
 SPLIT_COLUMN_MIN_R = 1024      # columns this long, over a tensor of at least SPLIT_COLUMN_MIN_NUMEL, split
 SPLIT_COLUMN_MIN_NUMEL = 1 << 20
 SPLIT_COLUMN_PROGRAMS = 1024   # the split aims at this many [columns, chunk] programs: many per SM
+SPLIT_ACROSS_MAX_X = 32 * 256  # fewer kept elements than this read across rows: too few tiles unsplit
 
 
 def memory_order(x):
@@ -240,10 +241,14 @@ def reduction_split(x, dims):
             rsize *= s
         else:
             xnumel *= s
+    long_columns = rsize >= SPLIT_COLUMN_MIN_R and xnumel * rsize >= SPLIT_COLUMN_MIN_NUMEL
     if is_column(x, dims):
-        if rsize >= SPLIT_COLUMN_MIN_R and xnumel * rsize >= SPLIT_COLUMN_MIN_NUMEL:
-            return "column"
-        return None
+        return "column" if long_columns else None
+    if long_columns and xnumel < SPLIT_ACROSS_MAX_X \
+            and layout.reads_across_rows(x(layout.dim_vars(shape)), shape, dims):
+        # rows that also read a large input along the kept dims (a layer norm's weight gradient over a
+        # transposed gradient): the column split's [kept, chunk] tiles run along both inputs, coalesced
+        return "column"
     return "row" if SPLIT_MIN_R <= rsize and xnumel <= SPLIT_MAX_X else None
 
 

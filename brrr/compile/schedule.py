@@ -29,6 +29,7 @@ class Kernel:
     closed: bool = False               # takes no other roots (an accumulating scatter and its init)
     order: tuple = ()                  # dims of S innermost first: the memory order the flat index walks
     tile: int = 0                      # pointwise layout change: order[:tile] walk xindex, the rest yindex
+    across: bool = False               # a row reduction that also reads a large input along its kept dims
     members: list = field(default_factory=list)   # every IR node it computes (roots and what they inline)
 
     @property
@@ -333,6 +334,10 @@ class Scheduler:
                     f"{list(k.shape)}{' over ' + str(list(k.dims)) if k.dims else ''}", k)
                 continue
             target = upgrade or k
+            why = self.walks_across(k, node) if upgrade is None else None
+            if why is not None:
+                last_reason = why
+                continue
             if upgrade is not None:
                 self.position[upgrade] = self.position[k]
                 ok = all(self.deps(upgrade, r, upgrade.index_for(r))[0] for r in k.roots)
@@ -357,6 +362,23 @@ class Scheduler:
         self.steps.append(("kernel", k))
         self.open_kernel(k, node)
 
+    def walks_across(self, kernel, node):
+        """Why a full-size pointwise node should not join reduction `kernel`, or None. A reduction kernel's
+        lanes walk its reduced dims; a node stored or read mostly along another innermost dim (a layer norm's
+        input gradient beside a bias gradient over a transposed gradient) would then touch a 32-byte sector per
+        element. Alone, it is a pointwise kernel whose tiles run along both layouts."""
+        if not kernel.dims or node.kind != "pointwise" or tuple(node.shape) != tuple(kernel.shape):
+            return None
+        order = layout.fake_order(node, node.shape) if node in self.visible else None
+        if order is None:
+            order = layout.largest_input_order(self.evaluate(kernel, node, layout.dim_vars(kernel.shape))[0],
+                                               kernel.shape)
+        mine, theirs = layout.innermost(kernel.shape, kernel.loop_order()), layout.innermost(kernel.shape, order) \
+            if order is not None else None
+        if theirs is None or mine is None or mine == theirs or theirs in kernel.dims:
+            return None
+        return Reason(f"walks dim {theirs} innermost; kernel {{}} walks dim {mine}", kernel)
+
     def add_root(self, kernel, node, inlined):
         kernel.roots.append(node)
         kernel.members.extend([node] + sorted(inlined - set(kernel.members), key=lambda n: n.name))
@@ -365,8 +387,12 @@ class Scheduler:
 
     def choose_tiles(self):
         """A pointwise kernel whose largest input (touching at least half its elements) has another innermost
-        dim than the kernel's order loads and stores through [YBLOCK, XBLOCK] tiles (layout.tile_split)."""
+        dim than the kernel's order loads and stores through [YBLOCK, XBLOCK] tiles (layout.tile_split). A row
+        reduction that reads a large input across its rows (`Kernel.across`) gets tiles wide both ways."""
         for kind, k in self.steps:
+            if kind == "kernel" and k.dims and not k.closed and not k.is_column():
+                k.across = any(layout.reads_across_rows(self.evaluate(k, root, layout.dim_vars(k.shape))[0],
+                                                        k.shape, k.dims) for root in k.roots)
             if kind != "kernel" or k.dims or k.closed or len(k.shape) < 2:
                 continue
             main = None

@@ -260,6 +260,109 @@ def test_variance_in_one_pass_matches_eager(shape, dims):
     assert_like_eager(compiled(f)(x), f(x), tol=2e-5)
 
 
+# ------------------------------------------------------------------------------------- mixed layouts
+
+class MixerBlock(torch.nn.Module):
+    """MLP-Mixer's block: token mixing runs a layer norm's output through a transpose, so in the backward the
+    layer norm's gradient arrives transposed while its input is row-major."""
+
+    def __init__(self, tokens, dim, hidden):
+        super().__init__()
+        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.tokens = torch.nn.Sequential(torch.nn.Linear(tokens, hidden), torch.nn.GELU(),
+                                          torch.nn.Linear(hidden, tokens))
+        self.channels = torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.GELU(),
+                                            torch.nn.Linear(hidden, dim))
+
+    def forward(self, x):
+        x = x + self.tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.channels(self.norm2(x))
+
+
+def _mixer_reduction_kernels():
+    block = MixerBlock(196, 768, 384).to(torch.bfloat16).to("meta")
+    x = torch.empty(64, 196, 768, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    found = plans(lambda x: block(x).sum(), x)
+    backward = next(p for kind, p, _ in found if kind == "backward")
+    sources = {k: ks for kind, _, kernels in found if kind == "backward" for k, ks in kernels.items()}
+    return backward, [(k, sources[k]) for kind, k in backward.steps if kind == "kernel" and k.dims]
+
+
+def _addresses(source, call):
+    """The address expressions (`ptr + (<this>)`) of each `call` (tl.load / tl.store) in a kernel's source."""
+    out = []
+    for line in source.splitlines():
+        at = line.find(call + "(")
+        if at < 0:
+            continue
+        start = line.index("+ (", at) + 3
+        depth, end = 1, start
+        while depth:
+            depth += {"(": 1, ")": -1}.get(line[end], 0)
+            end += 1
+        out.append(line[start:end - 1])
+    return out
+
+
+def _step(index, var):
+    """How far an address moves when `var` (rindex or xindex) moves by one, from 0."""
+    at = {"rindex": 0, "xindex": 0}
+    base = eval(index, dict(at))
+    at[var] = 1
+    return eval(index, at) - base
+
+
+def _strides_along(source, var):
+    """Per load that reads along both rindex and xindex: its step along `var` (1 = contiguous)."""
+    return [_step(ix, var) for ix in _addresses(source, "tl.load") if "rindex" in ix and "xindex" in ix]
+
+
+def test_reductions_over_mixed_layouts_read_both_coalesced():
+    # the layer norm's backward over [64, 196, 768] reads its row-major input along the rows and its
+    # transposed gradient across them: every kernel reading both walks tiles of >= 32 along each side
+    plan, kernels = _mixer_reduction_kernels()
+    mixed = [(k, ks) for k, ks in kernels if 1 in _strides_along(ks.source, "rindex")
+             and 1 in _strides_along(ks.source, "xindex")]
+    assert mixed, [ks.name for _, ks in kernels]
+    for k, ks in mixed:
+        assert ks.meta["XBLOCK"] >= 32 and ks.meta["RBLOCK"] >= 32, (ks.name, ks.meta)
+
+
+def test_a_full_size_output_walking_another_dim_keeps_its_own_kernel():
+    # the layer norm's input gradient (stored row-major) is not computed inside the bias gradient's reduction,
+    # whose lanes walk the transposed gradient's token dim
+    plan, kernels = _mixer_reduction_kernels()
+    assert any("walks dim" in why for _, why in plan.refusals), plan.refusals
+    for k, ks in kernels:
+        for index in _addresses(ks.source, "tl.store"):
+            if "rindex" in index:
+                assert _step(index, "rindex") == 1 or ks.meta["XBLOCK"] >= 32, (ks.name, index)
+
+
+@pytest.mark.parametrize("small_thresholds", [False, True], ids=["as-is", "tiles-and-splits"])
+def test_mixer_block_training_matches_eager(monkeypatch, small_thresholds):
+    # small sizes; with the thresholds lowered, the across tiles and the split of mixed-layout columns run
+    from brrr.compile import lower
+    from brrr.compile.codegen import triton as codegen
+    if small_thresholds:
+        monkeypatch.setattr(codegen, "ACROSS_MIN_X", 32)
+        monkeypatch.setattr(lower, "SPLIT_ACROSS_MAX_X", 1 << 20)
+        monkeypatch.setattr(lower, "SPLIT_COLUMN_MIN_R", 64)
+        monkeypatch.setattr(lower, "SPLIT_COLUMN_MIN_NUMEL", 1024)
+    torch.manual_seed(0)
+    block = MixerBlock(24, 96, 48)
+    x = torch.randn(4, 24, 96, requires_grad=True)
+    ref_block, ref_x = to64(block), x.detach().double().requires_grad_()
+    out = compiled(lambda x: block(x))(x)
+    ref = ref_block(ref_x)
+    grad = torch.randn_like(ref)
+    out.backward(grad.float())
+    ref.backward(grad)
+    assert rel_err(out, ref) < 1e-5 and rel_err(x.grad, ref_x.grad) < 1e-5
+    for p, q in zip(block.parameters(), ref_block.parameters()):
+        assert rel_err(p.grad, q.grad) < 1e-5
+
+
 # ------------------------------------------------------------------------------------------------ names
 
 def test_kernels_are_named_after_what_they_fuse():

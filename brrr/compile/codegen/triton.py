@@ -23,7 +23,11 @@ PERSISTENT_TILE = 2048      # elements of a persistent reduction's tile when row
 LOOPED_RBLOCK = 2048        # elements per step of a looped (long-row) reduction
 COLUMN_PERSISTENT_MAX = 64  # a column reduction holds at most this many reduced elements per column at once
 COLUMN_XBLOCK = 64          # columns per program of a column reduction: loads run along them, coalesced
+FEW_COLUMNS = 4096          # a column reduction over at most this many columns and ...
+FEW_COLUMNS_RMAX = 1024     # ... at most this many rows holds its columns whole: more, shorter programs
 UNROLL_MAX = 32             # a column reduction over at most this many elements (a pooling window) is unrolled
+ACROSS_TILE = (32, 64)      # [XBLOCK, RBLOCK] of a row reduction that also reads an input across its rows
+ACROSS_MIN_X = 32 * 256     # ... given rows enough for 256 such tiles (fewer: lowering splits the reduction)
 TILE_SIDE = 64              # a layout change's tile: 64 x 64 (longer on one side when the other is short)
 TILE_ELEMENTS = 4096
 TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
@@ -396,8 +400,19 @@ class Codegen:
         rblock = next_pow2(max(R, 1))
         inner_kept = k.is_column()
         persistent = rblock <= (COLUMN_PERSISTENT_MAX if inner_kept else PERSISTENT_MAX)
+        if inner_kept and X <= FEW_COLUMNS and rblock <= FEW_COLUMNS_RMAX:
+            # few columns (a split reduction's partials): looped, a handful of programs would each wait on one
+            # load per step (the second kernel of channels_last batch-norm statistics: 4 programs, ~10 us)
+            persistent = True
         if any(r.rtype.startswith("arg") for r in reds):
             persistent = True
+        # rows held whole leave a program 1-2 rows; an input read across them (a transposed gradient) would
+        # then fetch a 32-byte sector per 2-byte element. Looped [32, 64] tiles read 64 bytes along the rows
+        # for that input and 128 along them for the others, at the cost of a second pass over the rows.
+        across = k.across and not inner_kept and persistent and not any(r.rtype.startswith("arg") for r in reds) \
+            and X >= ACROSS_MIN_X and R > ACROSS_TILE[1]
+        if across:
+            persistent = False
         if persistent:
             # tiles of ~2048 elements: the seed MLP's layer norm (rows of 1024, written over the matmul's output)
             # took 18.6 us as 2 rows x 4 warps, 21.4 as 4 rows x 8 warps (results/probes/...-66852fc-layer-norm-in-context.log)
@@ -406,6 +421,8 @@ class Codegen:
         else:
             rblock = 32 if inner_kept else LOOPED_RBLOCK
             xblock = COLUMN_XBLOCK if inner_kept else 1
+            if across:
+                xblock, rblock = ACROSS_TILE
         tile = xblock * rblock
         warps = 2 if tile <= 256 else 4 if tile <= 2048 else 8 if tile <= 8192 else 16
         self.x_full, self.r_full = X % xblock == 0, R % rblock == 0 and R > 0
