@@ -178,15 +178,20 @@ def gpu_count(spec, quick):
     import torch
 
     visible = torch.cuda.device_count()
-    count = max(1, visible) if spec == "all" else int(spec)
+    count = max(1, visible) if spec == "all" else int(spec) if spec.isdigit() else 0
     if count < 1 or (not quick and count > visible):
         raise SystemExit(f"--gpus {spec}: {visible} GPU(s) visible")
     return count
 
 
+def host_cpus():
+    """The CPUs this process may run on."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
+
+
 def cpu_shares(count):
     """This process's CPUs in `count` disjoint runs of equal size (all of them for each, if too few)."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
+    cpus = host_cpus()
     size = len(cpus) // count
     return [cpus[i * size:(i + 1) * size] for i in range(count)] if size else [cpus] * count
 
@@ -225,65 +230,74 @@ def _relay(proc, label):
         print(f"[gpu {label}] {line}", end="", flush=True)
 
 
-def worker_files(out_dir, date, commit, count):
-    """The JSON files the workers have written so far (a worker writes its first after one configuration)."""
+def worker_files(out_dir, date, commit, count, since):
+    """The JSON files the workers have written since `since` (a worker writes its first after one
+    configuration; older files of the same date and commit are an earlier run's)."""
     found = []
     for i in range(count):
-        matches = sorted(Path(out_dir).glob(f"{date}-*-{commit}-gpu{i}.json"), key=lambda p: p.stat().st_mtime)
-        found += matches[-1:]
+        matches = [p for p in Path(out_dir).glob(f"{date}-*-{commit}-gpu{i}.json") if p.stat().st_mtime >= since]
+        found += sorted(matches, key=lambda p: p.stat().st_mtime)[-1:]
     return found
 
 
-def merge_workers(paths, args, count, date, commit, out_dir):
-    """The workers' files as one result named as a one-GPU run's; None before any worker has written."""
+def merge_workers(paths, part, count, stem_of):
+    """The workers' files as one result, written to `stem_of(device name)`: (results, stem), or None before
+    any worker has written."""
     import report
-    from result_files import result_stem
 
     if not paths:
         return None
     results = report.merge(paths)
-    results["environment"].update(part=args.part, concurrent_gpus=count, host_cpus=sum(map(len, cpu_shares(1))))
+    results["environment"].update(part=part, concurrent_gpus=count, host_cpus=len(host_cpus()))
     results["environment"].pop("hosts", None)   # one host: the workers' devices are in `workers`
-    stem = result_stem(out_dir, results["environment"]["device"], commit=commit, date=date)
+    stem = stem_of(results["environment"]["device"])
     report.write(results, stem)
     return results, stem
+
+
+def start_workers(args, shares, commit, date):
+    """One worker process per share of configurations, worker I on GPU I; their output relayed here."""
+    cpus = cpu_shares(len(shares))
+    procs, relays = [], []
+    for i, configs in enumerate(shares):
+        print(f"[zoo] gpu {i}: ~{sum(c.cost for c in configs):.0f} s estimated, CPUs {_ranges(cpus[i])}: "
+              f"{', '.join(c.name for c in configs)}", flush=True)
+        procs.append(subprocess.Popen(worker_command(args, i, len(shares), configs, cpus[i], commit, date),
+                                      env=worker_env(i, cpus[i]), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, bufsize=1))
+        relays.append(threading.Thread(target=_relay, args=(procs[-1], i), daemon=True))
+        relays[-1].start()
+    return procs, relays
 
 
 def run_workers(args, count):
     """Run the selected configurations on `count` GPUs at once, one worker each, merging as they go."""
     import models
     import report
-    from result_files import RESULTS, git_commit, utc_date
+    from result_files import RESULTS, git_commit, result_stem, utc_date
 
-    commit, date = args.commit or git_commit(), utc_date()
+    commit, date, since = args.commit or git_commit(), utc_date(), time.time()
     out_dir = Path(args.out) if args.out else RESULTS / "zoo"
-    out_dir.mkdir(parents=True, exist_ok=True)
     shares = [part for part in models.parts(selected(args), count) if part]
-    cpus = cpu_shares(len(shares))
-    procs, relays = [], []
-    for i, configs in enumerate(shares):
-        print(f"[zoo] gpu {i}: ~{sum(c.cost for c in configs):.0f} s, {', '.join(c.name for c in configs)}",
-              flush=True)
-        proc = subprocess.Popen(worker_command(args, i, len(shares), configs, cpus[i], commit, date),
-                                env=worker_env(i, cpus[i]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, bufsize=1)
-        relays.append(threading.Thread(target=_relay, args=(proc, i), daemon=True))
-        relays[-1].start()
-        procs.append(proc)
+
+    def merge():
+        paths = worker_files(out_dir, date, commit, len(shares), since)
+        return merge_workers(paths, args.part, len(shares),
+                             lambda device: result_stem(out_dir, device, commit=commit, date=date))
+
+    procs, relays = start_workers(args, shares, commit, date)
     while running := [p for p in procs if p.poll() is None]:   # a call cut off mid-run still leaves a merged file
         try:
             running[0].wait(timeout=MERGE_EVERY_S)
         except subprocess.TimeoutExpired:
             pass
         try:
-            merge_workers(worker_files(out_dir, date, commit, len(shares)), args, len(shares), date, commit, out_dir)
+            merge()
         except (OSError, ValueError, KeyError) as e:
             print(f"[zoo] merge while running: {type(e).__name__}: {e}"[:300], flush=True)
-    done = merge_workers(worker_files(out_dir, date, commit, len(shares)), args, len(shares), date, commit,
-                         out_dir)
-    failed = [i for i, p in enumerate(procs) if p.returncode != 0]
     for relay in relays:   # their last lines before the merged table
         relay.join(timeout=10)
+    done, failed = merge(), [i for i, p in enumerate(procs) if p.returncode != 0]
     if done is None:
         print("[zoo] no worker wrote a result", flush=True)
         return 1
@@ -380,9 +394,8 @@ def describe_worker(index, configs, cost):
     """What the JSON says of a worker: its GPU, its CPUs and threads, and its share of the zoo."""
     import torch
 
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {"gpu_index": index, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "cpus": _ranges(cpus) if cpus else None, "torch_threads": torch.get_num_threads(),
+            "cpus": _ranges(host_cpus()), "torch_threads": torch.get_num_threads(),
             "inductor_compile_threads": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS"),
             "configs": configs, "estimated_cost_s": cost}
 
