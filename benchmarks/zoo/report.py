@@ -187,11 +187,15 @@ def _gpu(entry):
 
 
 def _workers_line(workers):
-    """Which GPU ran what, and that they ran at once on one host (their CPUs shared)."""
-    each = "; ".join(f"gpu {w['gpu_index']}: {w.get('configs', '?')} configurations, CPUs {w.get('cpus', '?')}, "
-                     f"{w.get('torch_threads', '?')} torch threads" for w in workers)
-    return (f"{len(workers)} workers ran concurrently on one host, one GPU each ({each}); host-bound timings "
-            "can be disturbed by the other workers' compiles.")
+    """Which GPU ran what, grouped by the call (`part`) whose workers ran at once on one host."""
+    calls = {}
+    for w in workers:
+        calls.setdefault(w.get("part"), []).append(w)
+    each = "; ".join((f"part {part}: " if part else "") + ", ".join(
+        f"gpu {w['gpu_index']} ({w.get('configs', '?')} configurations, CPUs {w.get('cpus', '?')}, "
+        f"{w.get('torch_threads', '?')} torch threads)" for w in group) for part, group in calls.items())
+    return (f"Workers ran at once on one host, one GPU each: {each}. A host-bound time can be disturbed by the "
+            "other workers' compiles.")
 
 
 def _s(v):

@@ -250,6 +250,8 @@ def merge_workers(paths, part, count, stem_of):
     results = report.merge(paths)
     results["environment"].update(part=part, concurrent_gpus=count, host_cpus=len(host_cpus()))
     results["environment"].pop("hosts", None)   # one host: the workers' devices are in `workers`
+    for worker in results["environment"]["workers"]:
+        worker["part"] = part
     stem = stem_of(results["environment"]["device"])
     report.write(results, stem)
     return results, stem

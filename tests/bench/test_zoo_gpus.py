@@ -46,7 +46,7 @@ def test_quick_zoo_on_two_gpus_merges_the_workers_into_one_file(tmp_path, monkey
     for name, gpu in expected.items():
         [row] = [line for line in table.splitlines() if line.startswith(f"| {name} |")]
         assert row.split(" | ")[2] == str(gpu)
-    assert "2 workers ran concurrently on one host" in markdown
+    assert "Workers ran at once on one host, one GPU each: gpu 0 (" in markdown
 
 
 def test_parts_balance_costs_longest_first_and_are_deterministic():
