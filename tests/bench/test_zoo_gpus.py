@@ -92,3 +92,28 @@ def test_workers_get_their_gpu_their_cpus_and_this_checkout(monkeypatch):
     assert cmd[cmd.index("--worker") + 1] == "1/2" and cmd[cmd.index("--only") + 1] == "seed-mlp-train"
     assert cmd[cmd.index("--cpus") + 1] == "4,5" and "--quick" in cmd and "--part" not in cmd
     assert zoo._ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+def test_merging_calls_keeps_each_calls_workers_and_gpu_indices(tmp_path):
+    report = _load("report")
+    paths = []
+    for call, part in enumerate(("1/2", "2/2")):
+        workers = [{"gpu_index": i, "cpus": f"{16 * i}-{16 * i + 15}", "torch_threads": 16, "configs": 1,
+                    "part": part} for i in (0, 1)]
+        env = {"device": "GPU", "torch": "2", "triton": "3", "commit": "abc", "date": "d", "dtype": "bfloat16",
+               "mode": "full", "backends": ["eager"], "part": part, "concurrent_gpus": 2, "workers": workers}
+        configs = {name: {"name": name, "family": "seed", "train": True, "status": "ok", "kind": "static",
+                          "gpu_index": i, "concurrent_gpus": 2,
+                          "result": {"rows": [{"backend": "eager", "status": "ok", "median_s": 1e-3}]}}
+                   for i, name in enumerate(("llama-train", "resnet50-infer") if call else ("bert-mlm-train",
+                                                                                         "seed-mlp-train"))}
+        paths.append(tmp_path / f"{call}.json")
+        paths[-1].write_text(json.dumps({"environment": env, "configs": configs}))
+    merged = report.merge(paths)
+    assert [(w["part"], w["gpu_index"]) for w in merged["environment"]["workers"]] == [
+        ("1/2", 0), ("1/2", 1), ("2/2", 0), ("2/2", 1)]
+    assert {n: e["gpu_index"] for n, e in merged["configs"].items()} == {
+        "bert-mlm-train": 0, "seed-mlp-train": 1, "llama-train": 0, "resnet50-infer": 1}
+    markdown = report.markdown(merged)
+    assert "part 1/2: gpu 0 (1 configurations, CPUs 0-15, 16 torch threads)" in markdown
+    assert "part 2/2: gpu 0 (" in markdown and "| resnet50-infer | train | 1 |" in markdown
