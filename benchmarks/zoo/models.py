@@ -367,14 +367,14 @@ def select(only=None):
 
 
 def parts(configs, count):
-    """`configs` split into `count` parts of about equal cost, keeping each part in the zoo's order."""
-    total = sum(c.cost for c in configs)
-    out, current, acc = [], [], 0.0
-    for c in configs:
-        current.append(c)
-        acc += c.cost
-        if acc >= total * (len(out) + 1) / count and len(out) < count - 1:
-            out.append(current)
-            current = []
-    out.append(current)
-    return out
+    """`configs` in `count` parts of about equal estimated cost, for separate calls or for GPUs that run at
+    once: the costliest first, each into the part with the least cost so far (the lower part on a tie), so no
+    part exceeds an even share by more than one configuration's cost. Deterministic; each part keeps the zoo's
+    order, and a part can be empty when there are fewer configurations than parts."""
+    out, loads = [[] for _ in range(count)], [0.0] * count
+    for c in sorted(configs, key=lambda c: -c.cost):   # stable: equal costs in the zoo's order
+        i = min(range(count), key=lambda j: (loads[j], j))
+        out[i].append(c)
+        loads[i] += c.cost
+    order = {c.name: i for i, c in enumerate(configs)}
+    return [sorted(part, key=lambda c: order[c.name]) for part in out]

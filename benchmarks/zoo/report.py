@@ -11,6 +11,7 @@ both backends compared ran; training and inference separately.
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -122,6 +123,8 @@ def markdown(results):
     lines = [f"# brrr zoo: {env['device']}, torch {env['torch']}, triton {env['triton']}, {env['dtype']}",
              "", f"Commit {env['commit']}, {env['date']}, mode {env['mode']}. Times in ms (median of do_bench; "
              "changing shapes: sum over the shapes), speedup over eager in brackets.", ""]
+    if env.get("workers"):
+        lines += [_workers_line(env["workers"]), ""]
     s = summary(results)
     lines.append("## Summary")
     lines.append("")
@@ -137,16 +140,20 @@ def markdown(results):
     for line in s["not_ok"]:
         lines.append(f"- not ok: {line}")
     lines += ["", "## Configurations", ""]
-    head = ["config", "mode"] + backends + (["brrr vs inductor"] if {"brrr", "inductor"} <= set(backends) else [])
+    by_gpu = any("gpu_index" in e for e in results["configs"].values())
+    head = ["config", "mode"] + (["gpu"] if by_gpu else []) + backends + \
+        (["brrr vs inductor"] if {"brrr", "inductor"} <= set(backends) else [])
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for e in results["configs"].values():
         if e.get("status") != "ok":
-            lines.append(f"| {e['name']} | {'train' if e['train'] else 'infer'} | {e['status']}: "
-                         f"{e.get('error', '')[:100]} |" + " |" * (len(head) - 3))
+            gpu = [_gpu(e)] if by_gpu else []
+            lines.append("| " + " | ".join([e["name"], "train" if e["train"] else "infer"] + gpu) +
+                         f" | {e['status']}: {e.get('error', '')[:100]} |" + " |" * (len(head) - 3 - len(gpu)))
             continue
         name = f"{e['name']} @{e['commit']}" if "," in str(env["commit"]) and e.get("commit") else e["name"]
-        cells = [name, "train" if e["train"] else "infer"] + [_cell(e, b) for b in backends]
+        cells = [name, "train" if e["train"] else "infer"] + ([_gpu(e)] if by_gpu else []) + \
+            [_cell(e, b) for b in backends]
         if "brrr vs inductor" in head:
             cells.append(_x(speedup(e, "brrr", "inductor")))
         lines.append("| " + " | ".join(cells) + " |")
@@ -173,6 +180,22 @@ def markdown(results):
                                                                                  else "") for p in row["points"]]
             lines.append(f"| {backend} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _gpu(entry):
+    return "—" if entry.get("gpu_index") is None else str(entry["gpu_index"])
+
+
+def _workers_line(workers):
+    """Which GPU ran what, grouped by the call (`part`) whose workers ran at once on one host."""
+    calls = {}
+    for w in workers:
+        calls.setdefault(w.get("part"), []).append(w)
+    each = "; ".join((f"part {part}: " if part else "") + ", ".join(
+        f"gpu {w['gpu_index']} ({w.get('configs', '?')} configurations, CPUs {w.get('cpus', '?')}, "
+        f"{w.get('torch_threads', '?')} torch threads)" for w in group) for part, group in calls.items())
+    return (f"Workers ran at once on one host, one GPU each: {each}. A host-bound time can be disturbed by the "
+            "other workers' compiles.")
 
 
 def _s(v):
@@ -208,19 +231,26 @@ def _error(row):
 
 
 def write(results, stem):
+    """`stem`.json and .md, each replaced whole, so a reader (the merging parent) never sees half a file."""
     stem = Path(stem)
-    stem.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str))
-    stem.with_suffix(".md").write_text(markdown(results))
+    for suffix, text in ((".json", json.dumps(results, indent=1, default=str)), (".md", markdown(results))):
+        path = stem.with_suffix(suffix)
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(text)
+        os.replace(partial, path)
 
 
 def merge(paths):
-    """One result from parts run in separate calls, in the zoo's order. A configuration a later part ran
-    replaces one an earlier part skipped; one it skipped never replaces a run. When the parts measured
-    different commits, each configuration keeps its own (`commit`) and the environment lists them all."""
-    merged, commits = None, []
+    """One result from parts run in separate calls or by concurrent workers, in the zoo's order. A
+    configuration a later part ran replaces one an earlier part skipped; one it skipped never replaces a run.
+    When the parts measured different commits, each configuration keeps its own (`commit`) and the environment
+    lists them all; the workers' descriptions (`environment.worker`) are gathered in `environment.workers`."""
+    merged, commits, workers = None, [], []
     for path in paths:
         part = json.loads(Path(path).read_text())
         commit = part["environment"].get("commit")
+        workers += part["environment"].get("workers", [])
+        workers += [part["environment"]["worker"]] if part["environment"].get("worker") else []
         if commit not in commits:
             commits.append(commit)
         for entry in part["configs"].values():
@@ -234,6 +264,9 @@ def merge(paths):
                 merged["configs"][name] = entry
         merged.setdefault("warm_compile", {}).update(part.get("warm_compile", {}))
         merged["environment"].setdefault("hosts", []).append(part["environment"].get("device"))
+    if merged is not None and workers:   # parts that ran at once, one GPU each: who ran what
+        merged["environment"].pop("worker", None)
+        merged["environment"]["workers"] = workers
     if merged is not None and len(commits) > 1:
         merged["environment"]["commit"] = ", ".join(str(c) for c in commits)
     if merged is not None:

@@ -2,6 +2,7 @@
 
     PYTHONPATH=$PWD python3 benchmarks/zoo/run_zoo.py --out $OUT                  # on the GPU machine
     PYTHONPATH=$PWD python3 benchmarks/zoo/run_zoo.py --part 1/3 --out $OUT       # a third of it per call
+    PYTHONPATH=$PWD python3 benchmarks/zoo/run_zoo.py --part 1/3 --gpus 2 --out $OUT   # that third on 2 GPUs
     PYTHONPATH=$PWD python3 benchmarks/zoo/run_zoo.py --only resnet50-infer,vision --backends eager,brrr
     PYTHONPATH=$PWD python3 benchmarks/zoo/run_zoo.py --quick --out /tmp/zoo       # CPU smoke run, tiny models
 
@@ -11,6 +12,11 @@ process on the same inputs and weights, bf16, with correctness judged against an
 Compile caches point at fresh directories, so the first compile is cold; after the configurations, a new
 process compiles each again with those caches warm (`--warm-compile`). The JSON and Markdown are rewritten
 after every configuration, so a cut-off run keeps what it measured; `report.py` merges parts and renders.
+
+With `--gpus N` this process only plans and merges: N worker processes (this script again, `--worker I/N`)
+run at once, worker I on GPU I alone (`CUDA_VISIBLE_DEVICES`), each with fresh caches of its own, its share of
+the host's CPUs, and whole configurations whose estimated costs add up to about the same. Each writes its
+own `...-gpu<I>` files as above; the merged file, rewritten while they run, is named as a one-GPU run's.
 """
 
 import argparse
@@ -20,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -28,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]   # models, report; result_files
 
 DEFAULT_BACKENDS = "eager,brrr,brrr-cudagraphs,inductor"
+MERGE_EVERY_S = 15.0   # the parent's merged file trails its workers' files by at most this
 
 
 def parse_args(argv=None):
@@ -47,6 +55,12 @@ def parse_args(argv=None):
     p.add_argument("--rep-ms", type=float, default=None, help="do_bench's timed milliseconds per backend")
     p.add_argument("--commit", help="the commit measured (default: git rev-parse --short HEAD)")
     p.add_argument("--keep-caches", action="store_true", help="keep the existing compile caches")
+    p.add_argument("--gpus", default="1",
+                   help="N or 'all': run on N GPUs of this host at once, one worker process per GPU taking "
+                        "whole configurations of about equal total cost; the workers' files are merged")
+    p.add_argument("--worker", help=argparse.SUPPRESS)   # I/N: this process is worker I of N, on one GPU
+    p.add_argument("--cpus", help=argparse.SUPPRESS)     # a worker's CPUs, comma-separated
+    p.add_argument("--date", help=argparse.SUPPRESS)     # a worker's file date: its parent's
     p.add_argument("--first-call-only", action="store_true", help=argparse.SUPPRESS)   # the warm-compile process
     return p.parse_args(argv)
 
@@ -148,13 +162,174 @@ def warm_compiles(args, configs, backends, budget_s):
         return {}
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    if not args.keep_caches:
-        fresh_caches()
+def selected(args):
+    """The configurations this run covers: `--only`, then the `--part`."""
+    import models
+
+    configs = models.select(args.only)
+    if args.part:
+        k, n = (int(x) for x in args.part.split("/"))
+        configs = models.parts(configs, n)[k - 1]
+    return configs
+
+
+def gpu_count(spec, quick):
+    """How many GPUs `--gpus` asks for; on the CPU (--quick) the count only labels the workers."""
     import torch
 
+    visible = torch.cuda.device_count()
+    count = max(1, visible) if spec == "all" else int(spec) if spec.isdigit() else 0
+    if count < 1 or (not quick and count > visible):
+        raise SystemExit(f"--gpus {spec}: {visible} GPU(s) visible")
+    return count
+
+
+def host_cpus():
+    """The CPUs this process may run on."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
+
+
+def cpu_shares(count):
+    """This process's CPUs in `count` disjoint runs of equal size (all of them for each, if too few)."""
+    cpus = host_cpus()
+    size = len(cpus) // count
+    return [cpus[i * size:(i + 1) * size] for i in range(count)] if size else [cpus] * count
+
+
+def worker_env(index, cpus):
+    """A worker's environment: GPU `index` of those this process sees, compile and intra-op threads no more
+    than its CPUs (a user's explicit setting wins), and this checkout first on the import path."""
+    env = os.environ.copy()
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    env["CUDA_VISIBLE_DEVICES"] = visible[index] if index < len(visible) else str(index)
+    for var in ("TORCHINDUCTOR_COMPILE_THREADS", "OMP_NUM_THREADS"):
+        env.setdefault(var, str(len(cpus)))
+    root = str(HERE.parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def worker_command(args, index, count, configs, cpus, commit, date):
+    """This script as worker `index` of `count`: the same options, its own configurations."""
+    cmd = [sys.executable, __file__, "--worker", f"{index}/{count}", "--cpus", ",".join(map(str, cpus)),
+           "--date", date, "--commit", commit, "--only", ",".join(c.name for c in configs),
+           "--budget-s", str(args.budget_s), "--warm-reserve-s", str(args.warm_reserve_s),
+           "--warm-compile", args.warm_compile]
+    if args.out:
+        cmd += ["--out", args.out]
+    if args.backends:
+        cmd += ["--backends", args.backends]
+    if args.rep_ms is not None:
+        cmd += ["--rep-ms", str(args.rep_ms)]
+    return cmd + [flag for flag, on in (("--quick", args.quick), ("--keep-caches", args.keep_caches)) if on]
+
+
+def _relay(proc, label):
+    """A worker's output, each line prefixed with its GPU."""
+    for line in proc.stdout:
+        print(f"[gpu {label}] {line}", end="", flush=True)
+
+
+def worker_files(out_dir, date, commit, count, since):
+    """The JSON files the workers have written since `since` (a worker writes its first after one
+    configuration; older files of the same date and commit are an earlier run's)."""
+    found = []
+    for i in range(count):
+        matches = [p for p in Path(out_dir).glob(f"{date}-*-{commit}-gpu{i}.json") if p.stat().st_mtime >= since]
+        found += sorted(matches, key=lambda p: p.stat().st_mtime)[-1:]
+    return found
+
+
+def merge_workers(paths, part, count, stem_of):
+    """The workers' files as one result, written to `stem_of(device name)`: (results, stem), or None before
+    any worker has written."""
+    import report
+
+    if not paths:
+        return None
+    results = report.merge(paths)
+    results["environment"].update(part=part, concurrent_gpus=count, host_cpus=len(host_cpus()))
+    results["environment"].pop("hosts", None)   # one host: the workers' devices are in `workers`
+    for worker in results["environment"]["workers"]:
+        worker["part"] = part
+    stem = stem_of(results["environment"]["device"])
+    report.write(results, stem)
+    return results, stem
+
+
+def start_workers(args, shares, commit, date):
+    """One worker process per share of configurations, worker I on GPU I; their output relayed here."""
+    cpus = cpu_shares(len(shares))
+    procs, relays = [], []
+    for i, configs in enumerate(shares):
+        print(f"[zoo] gpu {i}: ~{sum(c.cost for c in configs):.0f} s estimated, CPUs {_ranges(cpus[i])}: "
+              f"{', '.join(c.name for c in configs)}", flush=True)
+        procs.append(subprocess.Popen(worker_command(args, i, len(shares), configs, cpus[i], commit, date),
+                                      env=worker_env(i, cpus[i]), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, bufsize=1))
+        relays.append(threading.Thread(target=_relay, args=(procs[-1], i), daemon=True))
+        relays[-1].start()
+    return procs, relays
+
+
+def run_workers(args, count):
+    """Run the selected configurations on `count` GPUs at once, one worker each, merging as they go."""
     import models
+    import report
+    from result_files import RESULTS, git_commit, result_stem, utc_date
+
+    commit, date, since = args.commit or git_commit(), utc_date(), time.time()
+    out_dir = Path(args.out) if args.out else RESULTS / "zoo"
+    shares = [part for part in models.parts(selected(args), count) if part]
+
+    def merge():
+        paths = worker_files(out_dir, date, commit, len(shares), since)
+        return merge_workers(paths, args.part, len(shares),
+                             lambda device: result_stem(out_dir, device, commit=commit, date=date))
+
+    procs, relays = start_workers(args, shares, commit, date)
+    while running := [p for p in procs if p.poll() is None]:   # a call cut off mid-run still leaves a merged file
+        try:
+            running[0].wait(timeout=MERGE_EVERY_S)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            merge()
+        except (OSError, ValueError, KeyError) as e:
+            print(f"[zoo] merge while running: {type(e).__name__}: {e}"[:300], flush=True)
+    for relay in relays:   # their last lines before the merged table
+        relay.join(timeout=10)
+    done, failed = merge(), [i for i, p in enumerate(procs) if p.returncode != 0]
+    if done is None:
+        print("[zoo] no worker wrote a result", flush=True)
+        return 1
+    results, stem = done
+    print(report.markdown(results), flush=True)
+    print(f"[zoo] wrote {stem}.json and .md, merged from {len(shares)} GPUs"
+          + (f"; workers {failed} exited with an error" if failed else ""), flush=True)
+    return 1 if failed else 0
+
+
+def pin_cpus(cpus):
+    """Keep this worker, its threads and its children (compile workers, the warm-compile process) on `cpus`."""
+    if cpus and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
+        except (OSError, ValueError) as e:
+            print(f"[zoo] CPUs {cpus} not pinned: {e}", flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    pin_cpus(args.cpus)
+    if not args.keep_caches:
+        fresh_caches()
+    if not args.first_call_only and not args.worker:
+        count = gpu_count(args.gpus, args.quick)
+        if count > 1:
+            return run_workers(args, count)
+    import torch
+
     import report
     from result_files import RESULTS, git_commit, result_stem, utc_date
 
@@ -162,10 +337,7 @@ def main(argv=None):
     device = "cpu" if quick else "cuda"
     dtype = torch.bfloat16
     backends = (args.backends or ("eager,aot_eager,brrr" if quick else DEFAULT_BACKENDS)).split(",")
-    configs = models.select(args.only)
-    if args.part:
-        k, n = (int(x) for x in args.part.split("/"))
-        configs = models.parts(configs, n)[k - 1]
+    configs = selected(args)
     if quick:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -175,12 +347,19 @@ def main(argv=None):
 
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     out_dir = Path(args.out) if args.out else RESULTS / "zoo"
-    stem = result_stem(out_dir, device_name, commit=args.commit or git_commit())
-    results = {"environment": {"device": device_name, "date": utc_date(), "commit": args.commit or git_commit(),
+    date = args.date or utc_date()
+    stem = result_stem(out_dir, device_name, commit=args.commit or git_commit(), date=date)
+    results = {"environment": {"device": device_name, "date": date, "commit": args.commit or git_commit(),
                                "torch": torch.__version__, "triton": _triton_version(), "dtype": "bfloat16",
                                "backends": backends, "mode": "quick" if quick else "full",
                                "part": args.part},
                "configs": {}}
+    tag = {}
+    if args.worker:
+        index, count = (int(x) for x in args.worker.split("/"))
+        stem = stem.with_name(f"{stem.name}-gpu{index}")
+        tag = {"gpu_index": index, "concurrent_gpus": count}
+        results["environment"]["worker"] = describe_worker(index, len(configs), sum(c.cost for c in configs))
     started = time.perf_counter()
     warm = [b for b in args.warm_compile.split(",") if b and b != "none" and b in backends]
     reserve = args.warm_reserve_s if warm else 0.0
@@ -189,13 +368,14 @@ def main(argv=None):
         if elapsed > args.budget_s - reserve or (elapsed > 0 and not quick and
                                                  elapsed + config.cost > args.budget_s - reserve):
             results["configs"][config.name] = {"name": config.name, "family": config.family, "train": config.train,
-                                               "status": "skipped",
+                                               "status": "skipped", **tag,
                                                "error": f"time budget of {args.budget_s:.0f} s: "
                                                         f"{elapsed:.0f} s spent, ~{config.cost:.0f} s needed"}
         else:
             print(f"[zoo] {config.name} ...", flush=True)
             results["configs"][config.name] = entry = run_config(config, backends, device, dtype, quick,
                                                                  args.rep_ms)
+            entry.update(tag)
             print(f"[zoo] {config.name}: {entry['status']} in {entry['elapsed_s']:.0f} s "
                   f"{report.one_line(entry)}", flush=True)
             for decision in entry["replay_decisions"]:
@@ -210,6 +390,27 @@ def main(argv=None):
     print(report.markdown(results), flush=True)
     print(f"[zoo] wrote {stem}.json and .md", flush=True)
     return 0
+
+
+def describe_worker(index, configs, cost):
+    """What the JSON says of a worker: its GPU, its CPUs and threads, and its share of the zoo."""
+    import torch
+
+    return {"gpu_index": index, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "cpus": _ranges(host_cpus()), "torch_threads": torch.get_num_threads(),
+            "inductor_compile_threads": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS"),
+            "configs": configs, "estimated_cost_s": cost}
+
+
+def _ranges(numbers):
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    runs = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _triton_version():
