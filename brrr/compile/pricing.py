@@ -26,7 +26,7 @@ class KernelWork:
     op_class: str              # "normalization" (it reduces) | "elementwise"
     dtype: object              # the first floating tensor it stores (torch.dtype) or None
     ops: tuple                 # ATen ops computed, in graph order: ("aten.gelu.default", ...)
-    modules: tuple             # ((module key, source path), ...) in graph order, distinct
+    modules: tuple             # ((module key, source path), ...) distinct, by FLOPs done for each, most first
 
     @property
     def bytes(self):
@@ -98,14 +98,19 @@ def kernel_work(kernel, source, totals, flops_of):
     for n in set(source.nodes) | set(kernel.roots):
         if n.fx is not None:
             mine[n.fx] = mine.get(n.fx, 0) + _elements(n)
-    flops = 0.0
-    for fx, elements in mine.items():
-        total = totals.get(fx) or elements
-        flops += flops_of(fx) * min(1.0, elements / total) if total else 0
+    flops, by_module = 0.0, {}
     order = {fx: i for i, fx in enumerate(kernel_graph_order(mine))}
     fxs = sorted(mine, key=order.get)
+    for fx in fxs:
+        total = totals.get(fx) or mine[fx]
+        share = flops_of(fx) * min(1.0, mine[fx] / total) if total else 0.0
+        flops += share
+        module = module_of(fx)
+        if module is not None:
+            by_module[module] = by_module.get(module, 0.0) + share + 1e-9   # an op without FLOPs still counts
     ops = tuple(dict.fromkeys(str(fx.target) for fx in fxs if fx.op == "call_function"))
-    modules = tuple(dict.fromkeys(m for m in (module_of(fx) for fx in fxs) if m is not None))
+    # the module doing most of the kernel's FLOPs first (the analyzer's record takes it), then graph order
+    modules = tuple(sorted(by_module, key=lambda m: -by_module[m]))
     dtype = next((a.dtype for a in source.stores if getattr(a.dtype, "is_floating_point", False)), None)
     return KernelWork(int(round(flops)), int(read), int(written),
                       "normalization" if kernel.dims else "elementwise", dtype, ops, modules)
