@@ -85,6 +85,34 @@ def chrome_trace(analysis):
                                     "regime": analysis.regime})}
 
 
+SLICE_ARGS = ("op", "module", "phase", "flops", "bytes", "roofline_fraction", "regime")
+
+
+def validate(data):
+    """The "X" slices of a trace in Chrome's JSON object format, checked strictly (what Perfetto's JSON importer
+    reads of each event, and the args every brrr slice carries); ValueError on the first thing wrong."""
+    def check(ok, what):
+        if not ok:
+            raise ValueError(f"not a brrr Chrome trace: {what}")
+
+    check(isinstance(data, dict) and isinstance(data.get("traceEvents"), list), "no traceEvents list")
+    slices = []
+    for i, event in enumerate(data["traceEvents"]):
+        check(isinstance(event, dict) and event.get("ph") in ("X", "M"), f"event {i} is not an X or M event")
+        check(isinstance(event.get("name"), str) and event["name"], f"event {i} has no name")
+        check(type(event.get("pid")) is int and type(event.get("tid")) is int, f"event {i} has no int pid/tid")
+        if event["ph"] == "M":
+            check(event["name"] in ("process_name", "thread_name") and isinstance(event.get("args", {}).get("name"),
+                                                                                   str), f"metadata event {i}")
+            continue
+        for key in ("ts", "dur"):
+            check(type(event.get(key)) in (int, float) and event[key] >= 0, f"event {i} has no {key} >= 0")
+        args = event.get("args")
+        check(isinstance(args, dict) and all(k in args for k in SLICE_ARGS), f"event {i} lacks args {SLICE_ARGS}")
+        slices.append(event)
+    return slices
+
+
 def save_trace(analysis, path):
     with open(path, "w") as f:
         json.dump(chrome_trace(analysis), f, allow_nan=False)

@@ -163,8 +163,6 @@ def register_kernels(plan, kernels, kind):
     from brrr.compile.pricing import fx_flops, graph_shares, kernel_work
 
     gm = plan.lowering.gm
-    if gm is None:
-        return
     totals = graph_shares([tuple(src.nodes) + tuple(k.roots) for k, src in kernels.items()])
     flops = {}
 
@@ -176,9 +174,10 @@ def register_kernels(plan, kernels, kind):
     for k, src in kernels.items():
         work = kernel_work(k, src, totals, flops_of)
         src.work = work
-        kernel_registry.register(kernel_registry.KernelMeta(
-            src.name, kind, work.flops, work.bytes_read, work.bytes_written, work.op_class, work.dtype, work.ops,
-            work.modules), src.source, gm)
+        if gm is not None:
+            kernel_registry.register(kernel_registry.KernelMeta(
+                src.name, kind, work.flops, work.bytes_read, work.bytes_written, work.op_class, work.dtype, work.ops,
+                work.modules), src.source, gm)
 
 
 _aten = torch.ops.aten

@@ -78,20 +78,11 @@ def test_compiled_kernels_show_in_the_report_like_ops(compiled_mlp):
 
 
 def _validate_chrome_trace(data):
-    """Chrome's trace event format, strictly: what Perfetto's JSON importer needs of each event."""
-    assert isinstance(data, dict) and isinstance(data["traceEvents"], list)
-    slices = []
-    for event in data["traceEvents"]:
-        assert event["ph"] in ("X", "M")
-        assert isinstance(event["name"], str) and event["name"]
-        assert isinstance(event["pid"], int) and isinstance(event["tid"], int)
-        if event["ph"] == "M":
-            assert event["name"] in ("process_name", "thread_name") and isinstance(event["args"]["name"], str)
-            continue
-        assert isinstance(event["ts"], (int, float)) and isinstance(event["dur"], (int, float))
-        assert event["ts"] >= 0 and event["dur"] >= 0
-        assert TRACE_ARGS <= event["args"].keys()
-        slices.append(event)
+    """Chrome's trace event format, strictly (trace.validate), and the slices' ts/dur as the JSON gives them."""
+    from brrr.analyze.trace import validate
+
+    slices = validate(data)
+    assert all(TRACE_ARGS <= s["args"].keys() for s in slices)
     return slices
 
 
@@ -147,3 +138,40 @@ def test_a_trace_without_a_profiler_timeline_lays_ops_end_to_end(cpu_ceilings, t
     slices = _validate_chrome_trace(json.loads(path.read_text()))
     assert [(s["ts"], s["dur"]) for s in slices] == [(0.0, 2.0), (2.0, 3.0)]
     assert slices[1]["args"]["roofline_fraction"] is None   # an unpriced kernel: no fraction
+
+
+def test_a_trace_that_is_not_a_chrome_trace_is_refused():
+    from brrr.analyze.trace import validate
+
+    good = {"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": 0, "dur": 1,
+            "args": dict.fromkeys(TRACE_ARGS, 0)}
+    assert validate({"traceEvents": [good]}) == [good]
+    for bad in ({"events": []}, {"traceEvents": [{**good, "ph": "B"}]}, {"traceEvents": [{**good, "dur": -1}]},
+                {"traceEvents": [{**good, "args": {"op": "x"}}]}, {"traceEvents": [{**good, "pid": "1"}]}):
+        with pytest.raises(ValueError):
+            validate(bad)
+
+
+def test_inductor_kernels_get_their_fused_ops_from_their_names_and_numbers_where_inductor_kept_them(monkeypatch):
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    from brrr.analyze.kernels import inductor_ops, kernel_records
+
+    assert inductor_ops("add_native_layer_norm") == ("aten.add", "aten.native_layer_norm")
+    assert inductor_ops("gelu_view_2") == ("aten.gelu", "aten.view")
+    output_code = ModuleType("inductor_output_code")
+    # compiled with benchmark_kernel: Inductor's own FLOPs and bytes of the kernel
+    output_code.triton_per_fused_add_native_layer_norm_1 = SimpleNamespace(
+        inductor_meta={"kernel_flop": 4096, "kernel_num_gb": 2e-6})
+    codecache = SimpleNamespace(PyCodeCache=SimpleNamespace(modules=[output_code], modules_no_attr={}))
+    monkeypatch.setitem(sys.modules, "torch._inductor.codecache", codecache)
+    near = make_record(0, module="encoder", phase="forward")
+    poi, per, other = kernel_records([("triton_poi_fused_gelu_0", 1e-5, 0),
+                                      ("triton_per_fused_add_native_layer_norm_1", 2e-5, 0),
+                                      ("void cutlass_kernel", 3e-5, 0)], [near])
+    assert (poi.op_class, poi.fused_ops, poi.unpriced, poi.module) == \
+        ("elementwise", ("aten.gelu",), True, "encoder")
+    assert (per.op_class, per.flops, per.bytes, per.unpriced) == ("normalization", 4096, 2000, False)
+    assert per.fused_ops == ("aten.add", "aten.native_layer_norm")
+    assert (other.op_class, other.unpriced, [r.index for r in (poi, per, other)]) == ("other", True, [1, 2, 3])

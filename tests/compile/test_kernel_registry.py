@@ -1,0 +1,52 @@
+"""Kernel names unique in the process, and what the registry keeps about each kernel (kernel_registry.py)."""
+
+import gc
+import re
+
+import torch
+
+import brrr
+from brrr.compile import kernel_registry
+
+
+def test_two_graphs_with_a_kernel_of_one_name_get_two_names_and_a_shared_source_shares_one():
+    x = torch.randn(8, 4)
+    plus_one, plus_two = brrr.compile(lambda t: t + 1), brrr.compile(lambda t: t + 2)
+    again = brrr.compile(lambda t: t + 1)
+    before = set(kernel_registry.names())
+    torch.testing.assert_close(plus_one(x), x + 1)
+    torch.testing.assert_close(plus_two(x), x + 2)
+    torch.testing.assert_close(again(x), x + 1)
+    new = set(kernel_registry.names()) - before
+    # x + 1 and x + 2 are both `brrr_add_0` in their graphs: the second takes a `_v<n>`; the third shares the first
+    assert len(new) == 2 and all(re.fullmatch(r"brrr_add_0(_v\d+)?", name) for name in new)
+    for name in new:
+        meta = kernel_registry.lookup(name)
+        assert (meta.flops, meta.bytes_read, meta.bytes_written) == (32, 128, 128)
+        assert meta.ops == ("aten.add.Tensor",) and meta.op_class == "elementwise" and meta.dtype == torch.float32
+
+
+def test_an_entry_goes_with_the_last_graph_that_generated_it():
+    f = brrr.compile(lambda t: t * 3 - 1)
+    f(torch.randn(5))
+    (name,) = [n for n in kernel_registry.names() if n.startswith("brrr_mul_sub_")]
+    assert kernel_registry.lookup(name) is not None
+    del f
+    torch._dynamo.reset()   # Dynamo's cache holds the compiled graph
+    gc.collect()
+    assert kernel_registry.lookup(name) is None
+
+
+def test_explain_names_kernels_as_the_registry_and_the_triton_function_do():
+    def fn(a, b):
+        return torch.relu(a) * 2 + b
+
+    a, b = torch.randn(64, 128), torch.randn(64, 128)
+    ex = brrr.explain(fn, a, b)
+    (kernel,) = ex.kernels
+    meta = kernel_registry.lookup(kernel.kernel_name)
+    assert f"def {kernel.kernel_name}(" in kernel.source
+    # relu, mul, add: one FLOP per element each; a and b read once, the result written once
+    assert (meta.flops, meta.bytes_read, meta.bytes_written) == (3 * 64 * 128, 2 * 64 * 128 * 4, 64 * 128 * 4)
+    assert (kernel.flops, kernel.bytes) == (meta.flops, meta.bytes)
+    assert kernel_registry.LAUNCH_HOOK is None   # set only while brrr.analyze traces a CPU step
