@@ -231,7 +231,7 @@ def attribute_kernels(events, spans, count):
         if j >= 0 and launched <= spans[j][1] and spans[j][2] < count:
             times[spans[j][2]] += (end - start) / 1e9
             launched_by[spans[j][2]] += 1
-            timeline.append(Slice("device", start, end, spans[j][2], None, kernel.name()))
+            timeline.append(tuple.__new__(Slice, ("device", start, end, spans[j][2], None, kernel.name())))
         elif step is not None and step[0] <= launched <= step[1]:
             outside.append((launched, kernel.name(), (end - start) / 1e9, spans[j][2] if j >= 0 else -1, start, end))
         else:
