@@ -24,7 +24,8 @@ from brrr.analyze.kernels import kernel_records
 from brrr.analyze.replay import expected_ops, match_ops, model_state, span_seconds
 from brrr.analyze.step import KnownStep, KnownSteps, Step, resolve_device
 from brrr.analyze.timing import (CudaTimes, attribute_kernels, cpu_times, cuda_op_times, device_busy_time,
-                                 dynamo_frames_compiled, median_times, op_times, profiled, session_events, timed_runs)
+                                 dynamo_frames_compiled, median_times, op_times, profiled, session_events,
+                                 timed_runs)
 
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
@@ -84,7 +85,8 @@ def _traced_run(step, device):
         compiles = dynamo_frames_compiled()
         # on CUDA only ops that launch kernels need a range: views and metadata ops take no device time
         with profiled(device) as prof:
-            trace = record_step(step, range_kernel_free_ops=device.type != "cuda", mark_kernels=device.type != "cuda")
+            cpu = device.type != "cuda"
+            trace = record_step(step, range_kernel_free_ops=cpu, mark_kernels=cpu)
         if dynamo_frames_compiled() == compiles:
             break
     return trace, _profiled_times(prof, len(trace.raw), device)
@@ -113,10 +115,10 @@ def _replayed_run(step, device, known):
 
 
 def _measured_run(step, device, known):
-    """(Trace, per-op seconds, busy seconds or None, outside kernels, timeline or None) of one timed step: replayed against the
-    KnownStep when the step was traced before, its trace can be replayed (replay.expected_ops) and the model's
-    state is unchanged; else traced, and `known` updated for later runs. A step whose replay failed once is
-    traced from then on."""
+    """(Trace, per-op seconds, busy seconds or None, outside kernels, timeline or None) of one timed step:
+    replayed against the KnownStep when the step was traced before, its trace can be replayed
+    (replay.expected_ops) and the model's state is unchanged; else traced, and `known` updated for later runs. A
+    step whose replay failed once is traced from then on."""
     replays = device.type in REPLAY_DEVICES and known.replayable
     state = model_state(step.model) if replays else None
     if replays and known.expected is not None and known.state == state:

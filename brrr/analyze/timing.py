@@ -11,7 +11,12 @@ Three measurements of the same step:
   (step.KnownSteps).
 - device busy time: on CUDA the union of the traced run's kernel intervals (kernels take as long with the
   tracer as without; only the gaps between them grow); on CPU a plain profiled step's summed top-level ATen
-  op time. Wall minus busy is time the device waited on the host (overhead).
+  op time, plus the traced host time of interpreted brrr kernels. Wall minus busy is time the device waited on
+  the host (overhead).
+- kernels compiled code launched outside every op: on CUDA those launched inside the step range but outside
+  every op range; on CPU the launch ranges `brrr-kernel:<name>` of interpreted brrr kernels (capture.kernel_range).
+  They become records in kernels.py. The traced run's intervals (ops' ranges, device kernels) are kept as a
+  timeline of Slices for the trace export.
 
 The profiler's raw Kineto events are read directly: on CUDA a kernel belongs to op i when the runtime call
 that launched it (same correlation id) started inside range `brrr#i`; on CPU an op's time is the length of
@@ -233,7 +238,8 @@ def attribute_kernels(events, spans, count):
             launched_by[spans[j][2]] += 1
             timeline.append(tuple.__new__(Slice, ("device", start, end, spans[j][2], None, kernel.name())))
         elif step is not None and step[0] <= launched <= step[1]:
-            outside.append((launched, kernel.name(), (end - start) / 1e9, spans[j][2] if j >= 0 else -1, start, end))
+            before = spans[j][2] if j >= 0 else -1
+            outside.append((launched, kernel.name(), (end - start) / 1e9, before, start, end))
         else:
             continue  # the profiler's own warm-up op
         intervals.append((start, end))
