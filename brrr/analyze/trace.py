@@ -9,6 +9,7 @@ naming the tracks. Tracks:
   kernels": each interpreted brrr kernel's launch range;
 - pid 2 "device", tid 1 "kernels" (CUDA): each device kernel, named as the profiler saw it, the kernels of an ATen
   op carrying that op's numbers.
+Slices of one track that overlap without nesting (kernels on two streams) go to extra lanes, tid + 100k.
 Each slice's args: `op` (the ATen op; a compiled kernel's ATen ops, joined), `module`, `phase`, `flops`,
 `bytes`, `roofline_fraction` (the op's roofline floor / its measured time; null where unknown), `regime`, and
 for a compiled kernel `kernel` (its name) and `modules`.
@@ -24,6 +25,7 @@ from brrr.analyze.report import json_safe
 
 HOST_PID, DEVICE_PID = 1, 2
 OPS_TID, KERNELS_TID = 1, 2
+LANE_TIDS = 100   # overlapping slices of one track go to tids tid + 100, tid + 200, ...
 TRACKS = {"host": (HOST_PID, OPS_TID), "device": (DEVICE_PID, OPS_TID)}
 
 
@@ -56,8 +58,10 @@ def chrome_trace(analysis):
     timeline = analysis.timeline
     if timeline:
         t0 = min(start for _, start, _, _, _ in timeline)
-        tracks = set()
-        for track, start, end, index, name in timeline:
+        lanes = {}   # (pid, tid) -> end of the last slice in each of its lanes
+        names = {(HOST_PID, OPS_TID): "ops", (HOST_PID, KERNELS_TID): "compiled kernels",
+                 (DEVICE_PID, OPS_TID): "kernels"}
+        for track, start, end, index, name in sorted(timeline, key=lambda s: (s[1], -s[2])):
             op = ops[index] if 0 <= index < len(ops) else None
             if op is None:
                 continue
@@ -67,12 +71,19 @@ def chrome_trace(analysis):
                 pid, tid, category, label = HOST_PID, KERNELS_TID, "kernel", op.name
             else:
                 pid, tid, category, label = HOST_PID, OPS_TID, "op", op.name
-            tracks.add((pid, tid))
-            events.append(_complete(label, pid, tid, (start - t0) / 1e3, (end - start) / 1e3, args[index], category))
-        if (HOST_PID, KERNELS_TID) in tracks:
-            events += _metadata(HOST_PID, KERNELS_TID, "host", "compiled kernels")
-        if (DEVICE_PID, OPS_TID) in tracks:
-            events += _metadata(DEVICE_PID, OPS_TID, f"device ({analysis.device})", "kernels")
+            ends = lanes.setdefault((pid, tid), [])
+            # a slice must nest in or follow the slices of its thread (Perfetto's JSON import): one that overlaps
+            # (kernels of two streams) goes to a lane of its own
+            lane = next((i for i, last in enumerate(ends) if last <= start), len(ends))
+            ends[lane:lane + 1] = [end]
+            events.append(_complete(label, pid, tid + LANE_TIDS * lane, (start - t0) / 1e3, (end - start) / 1e3,
+                                    args[index], category))
+        for (pid, tid), ends in lanes.items():
+            process = "host" if pid == HOST_PID else f"device ({analysis.device})"
+            for lane in range(len(ends)):
+                if (pid, tid, lane) != (HOST_PID, OPS_TID, 0):
+                    events += _metadata(pid, tid + LANE_TIDS * lane, process,
+                                        names[pid, tid] + (f" ({lane + 1})" if lane else ""))
     else:   # no profiler timeline: the ops one after another, each as long as measured
         ts = 0.0
         for op, op_args in zip(ops, args):

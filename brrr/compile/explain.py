@@ -186,7 +186,7 @@ def record(ex, kind, gm, plan, kernels):
             (ex.externs if step.producer == "extern" else ex.fallbacks).append(info)
             ex.bytes_fused += b
     for node, why in plan.refusals:
-        ex.refusals.append((kind, _node_desc(node), why.replace(" kernel ", f" {kind}.")))
+        ex.refusals.append((kind, _node_desc(node), str(why).replace(" kernel ", f" {kind}.")))
 
 
 def explain(fn_or_model, *inputs, train=False, dynamic=False):

@@ -175,3 +175,17 @@ def test_inductor_kernels_get_their_fused_ops_from_their_names_and_numbers_where
     assert (per.op_class, per.flops, per.bytes, per.unpriced) == ("normalization", 4096, 2000, False)
     assert per.fused_ops == ("aten.add", "aten.native_layer_norm")
     assert (other.op_class, other.unpriced, [r.index for r in (poi, per, other)]) == ("other", True, [1, 2, 3])
+
+
+def test_overlapping_kernels_of_one_track_go_to_lanes_of_their_own(cpu_ceilings):
+    from brrr.analyze.trace import chrome_trace, validate
+
+    records = [make_record(0, flops=10, bytes_read=40, time_s=1e-6), make_record(1, flops=10, time_s=1e-6),
+               make_record(2, flops=10, time_s=1e-6)]
+    timeline = [("host", 0, 100, 0, ""), ("device", 1000, 2000, 0, "gemm"), ("device", 1500, 2500, 1, "gelu"),
+                ("device", 2000, 3000, 2, "add")]   # gelu overlaps gemm (another stream); add follows gemm
+    analysis = Analysis.from_measurements(records, cpu_ceilings, wall_time_s=1e-5, timeline=timeline)
+    slices = {s["name"]: s for s in validate(chrome_trace(analysis))}
+    assert slices["gemm"]["tid"] == slices["add"]["tid"] != slices["gelu"]["tid"]
+    assert {s["pid"] for s in slices.values()} == {1, 2} and slices["gelu"]["ts"] == 1.5
+    assert slices["gemm"]["args"]["op"] == "aten.add.Tensor" and slices["gemm"]["dur"] == 1.0
