@@ -16,6 +16,7 @@ each becomes a record, priced where its compiler says what it is:
   duration alone (regimes.compiled_kernel_regime).
 """
 
+import functools
 import re
 import sys
 
@@ -57,6 +58,7 @@ def resolve_module(modules, names, root):
     return None
 
 
+@functools.cache
 def _aten_op(name):
     import torch
 
@@ -66,6 +68,7 @@ def _aten_op(name):
         return False
 
 
+@functools.cache
 def inductor_ops(fused):
     """ATen op names in an Inductor kernel's fused part (`add_native_layer_norm` -> add, native_layer_norm):
     the longest known op name at each position; unknown words are skipped."""
