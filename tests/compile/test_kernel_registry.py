@@ -27,14 +27,18 @@ def test_two_graphs_with_a_kernel_of_one_name_get_two_names_and_a_shared_source_
 
 
 def test_an_entry_goes_with_the_last_graph_that_generated_it():
-    f = brrr.compile(lambda t: t * 3 - 1)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from brrr.compile.backend import compile_graph
+
+    x = torch.randn(5)
+    gm = make_fx(lambda t: (t * 3 - 1,))(x)   # an AOTAutograd graph returns a tuple
     before = set(kernel_registry.names())
-    f(torch.randn(5))
+    compiled = compile_graph(gm, [x], cuda_graphs=False, graph_kind="inference")
+    torch.testing.assert_close(compiled([x])[0], x * 3 - 1)
     (name,) = set(kernel_registry.names()) - before
-    assert name.startswith("brrr_mul_sub_")
-    assert kernel_registry.lookup(name) is not None
-    del f
-    torch._dynamo.reset()   # Dynamo's cache holds the compiled graph
+    assert name.startswith("brrr_mul_sub_") and kernel_registry.lookup(name).graph == "inference"
+    del compiled, gm   # the compiled graph holds its GraphModule, which owns the entry
     gc.collect()
     assert kernel_registry.lookup(name) is None
 
