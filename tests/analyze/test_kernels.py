@@ -189,3 +189,15 @@ def test_overlapping_kernels_of_one_track_go_to_lanes_of_their_own(cpu_ceilings)
     assert slices["gemm"]["tid"] == slices["add"]["tid"] != slices["gelu"]["tid"]
     assert {s["pid"] for s in slices.values()} == {1, 2} and slices["gelu"]["ts"] == 1.5
     assert slices["gemm"]["args"]["op"] == "aten.add.Tensor" and slices["gemm"]["dur"] == 1.0
+
+
+def test_cli_analyze_writes_the_trace(tmp_path, monkeypatch, cpu_ceilings):
+    import brrr.cost.device
+    from brrr.analyze.trace import validate
+    from brrr.cli import main
+
+    monkeypatch.setattr(brrr.cost.device, "get_ceilings", lambda *args, **kwargs: cpu_ceilings)
+    path = tmp_path / "step.json"
+    assert main(["analyze", "--example", "mlp", "--device", "cpu", "--batch", "8", "--trace", str(path)]) == 0
+    slices = validate(json.loads(path.read_text()))
+    assert any(s["args"]["op"] == "aten.addmm.default" and s["args"]["regime"] for s in slices)
