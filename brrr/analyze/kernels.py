@@ -48,14 +48,14 @@ def _path_name(path, root):
     return path or root
 
 
-def resolve_module(modules, names, root):
-    """The analyzer's name of the first of `modules` ((Dynamo key, source path), ...), or None."""
-    for key, path in modules:
-        ident = key.split("@")[0]
-        if ident.isdigit() and int(ident) in names:
-            return names[int(ident)]
-        return _path_name(path, root)
-    return None
+def resolve_module(module, names, root):
+    """The analyzer's name of a kernel's module, (Dynamo's nn_module_stack key, source path): the module object
+    the key names (Dynamo keys an entry by id(module), `@<n>` for its n-th call), else the path, rewritten."""
+    key, path = module
+    ident = key.split("@")[0]
+    if ident.isdigit() and int(ident) in names:
+        return names[int(ident)]
+    return _path_name(path, root)
 
 
 @functools.cache
@@ -124,7 +124,7 @@ def kernel_records(outside, records, model=None):
         if meta is not None:
             record.flops, record.bytes_read, record.bytes_written = meta.flops, meta.bytes_read, meta.bytes_written
             record.op_class, record.dtype, record.fused_ops = meta.op_class, meta.dtype, meta.ops
-            record.modules = tuple(dict.fromkeys(resolve_module([m], names, root) for m in meta.modules))
+            record.modules = tuple(dict.fromkeys(resolve_module(m, names, root) for m in meta.modules))
             record.module = record.modules[0] if record.modules else root
             record.phase = "backward" if meta.graph == "backward" else "forward"
         else:

@@ -201,3 +201,17 @@ def test_cli_analyze_writes_the_trace(tmp_path, monkeypatch, cpu_ceilings):
     assert main(["analyze", "--example", "mlp", "--device", "cpu", "--batch", "8", "--trace", str(path)]) == 0
     slices = validate(json.loads(path.read_text()))
     assert any(s["args"]["op"] == "aten.addmm.default" and s["args"]["regime"] for s in slices)
+
+
+def test_dynamo_module_paths_read_as_the_analyzers_module_names():
+    from brrr.analyze.kernels import module_names, resolve_module
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ModuleList([torch.nn.ReLU()]))
+    names, root = module_names(model)
+    assert resolve_module((str(id(model[1][0])), "anything"), names, root) == "1.0"
+    assert resolve_module((f"{id(model[0])}@1", "anything"), names, root) == "0"
+    # a key that names no module of this model: Dynamo's source path, rewritten
+    assert resolve_module(("L__self___encoder", "L['self'].encoder.layer[3].output"), names, root) == \
+        "encoder.layer.3.output"
+    assert resolve_module(("x", "getattr(L['self'].layers, '2').mlp"), names, root) == "layers.2.mlp"
+    assert resolve_module(("x", "L['self']"), names, root) == "Sequential"
