@@ -67,8 +67,9 @@ def module_of(fx):
 
 
 def graph_shares(computed):
-    """{IR node: its FX node's share of FLOPs per element} over every kernel of a graph: `computed` lists the IR
-    nodes each kernel computes. Each distinct IR node counts once in its FX node's total elements."""
+    """{FX node: the elements of all its IR nodes} over every kernel of a graph, `computed` listing the IR nodes
+    each kernel computes; an IR node computed by several kernels counts once. A kernel's share of an FX node's
+    FLOPs is the elements of its IR nodes over this total."""
     totals, seen = {}, set()
     for nodes in computed:
         for n in nodes:
@@ -78,9 +79,9 @@ def graph_shares(computed):
     return totals
 
 
-def kernel_work(kernel, source, totals, flops_of):
+def kernel_work(kernel, source, totals, flops_of, position):
     """KernelWork of one kernel: `kernel` the schedule.Kernel, `source` its codegen.KernelSource, `totals` from
-    graph_shares, `flops_of(fx)` memoized fx_flops."""
+    graph_shares, `flops_of(fx)` memoized fx_flops, `position` {FX node: its place in the graph}."""
     from brrr.cost.ops import tensor_bytes
     from brrr.compile.schedule import load_bytes
 
@@ -99,8 +100,7 @@ def kernel_work(kernel, source, totals, flops_of):
         if n.fx is not None:
             mine[n.fx] = mine.get(n.fx, 0) + _elements(n)
     flops, by_module = 0.0, {}
-    order = {fx: i for i, fx in enumerate(kernel_graph_order(mine))}
-    fxs = sorted(mine, key=order.get)
+    fxs = sorted(mine, key=lambda fx: position.get(fx, len(position)))
     for fx in fxs:
         total = totals.get(fx) or mine[fx]
         share = flops_of(fx) * min(1.0, mine[fx] / total) if total else 0.0
@@ -114,12 +114,3 @@ def kernel_work(kernel, source, totals, flops_of):
     dtype = next((a.dtype for a in source.stores if getattr(a.dtype, "is_floating_point", False)), None)
     return KernelWork(int(round(flops)), int(read), int(written),
                       "normalization" if kernel.dims else "elementwise", dtype, ops, modules)
-
-
-def kernel_graph_order(fx_nodes):
-    """The FX nodes in the order of their graph."""
-    nodes = list(fx_nodes)
-    if not nodes:
-        return []
-    position = {n: i for i, n in enumerate(nodes[0].graph.nodes)}
-    return sorted(nodes, key=lambda n: position.get(n, len(position)))

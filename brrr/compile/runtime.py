@@ -164,6 +164,7 @@ def register_kernels(plan, kernels, kind):
 
     gm = plan.lowering.gm
     totals = graph_shares([tuple(src.nodes) + tuple(k.roots) for k, src in kernels.items()])
+    position = {fx: i for i, fx in enumerate(gm.graph.nodes)} if gm is not None else {}
     flops = {}
 
     def flops_of(fx):
@@ -172,7 +173,7 @@ def register_kernels(plan, kernels, kind):
         return flops[fx]
 
     for k, src in kernels.items():
-        work = kernel_work(k, src, totals, flops_of)
+        work = kernel_work(k, src, totals, flops_of, position)
         src.work = work
         if gm is not None:
             kernel_registry.register(kernel_registry.KernelMeta(
