@@ -56,3 +56,13 @@ def test_explain_names_kernels_as_the_registry_and_the_triton_function_do():
     assert (meta.flops, meta.bytes_read, meta.bytes_written) == (3 * 64 * 128, 2 * 64 * 128 * 4, 64 * 128 * 4)
     assert (kernel.flops, kernel.bytes) == (meta.flops, meta.bytes)
     assert kernel_registry.LAUNCH_HOOK is None   # set only while brrr.analyze traces a CPU step
+
+
+def test_a_reduction_split_over_two_kernels_shares_its_flops_between_them():
+    x = torch.randn(1 << 16)
+    ex = brrr.explain(lambda t: t.sum(), x)
+    assert len(ex.kernels) == 2   # one long row: partial sums, then the sum of the partials
+    # brrr.cost counts a sum as one FLOP per element read: the two kernels' FLOPs add up to the op's
+    assert sum(k.flops for k in ex.kernels) == x.numel() and all(k.flops > 0 for k in ex.kernels)
+    assert max(k.flops for k in ex.kernels) > 0.9 * x.numel()   # the partial sums do nearly all of it
+    assert all(kernel_registry.lookup(k.kernel_name).op_class == "normalization" for k in ex.kernels)
