@@ -18,7 +18,9 @@ autograd node is running (matched by the node's sequence number), else "<backwar
 With `mark_ranges=True` each op runs inside a profiler range `brrr#<index>`, so a profiler around the step
 can attribute host time and the device kernels an op launched to that op's record (see timing.py). When only
 device time is wanted (CUDA), ops that can't launch a kernel (views, metadata) go without a range: two thirds
-of BERT's ops, each range costing a few microseconds in the step and one more event to read.
+of BERT's ops, each range costing a few microseconds in the step and one more event to read. With
+`mark_kernels=True` (CPU) each brrr kernel the Triton interpreter runs gets a range `brrr-kernel:<name>` too
+(`kernel_range`, through brrr.compile.kernel_registry.LAUNCH_HOOK), with the tracer off inside it.
 """
 
 import functools
@@ -34,7 +36,6 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from brrr.compile import kernel_registry
-
 from brrr.cost.ops import (OpCost, launches_no_kernel, nbytes_touched, op_class, op_cost, tensors_in,
                            written_arguments)
 
@@ -425,7 +426,9 @@ class OpTracer(TorchDispatchMode):
                  mark_kernels=False):
         super().__init__()
         self.record_costs, self.mark_ranges = record_costs, mark_ranges
-        self.mark_kernels = mark_kernels  # interpreted brrr kernels (CPU) get a range of their own (kernel_range)
+        # interpreted brrr kernels (CPU) get a range of their own (kernel_range), inside a step whose record
+        # functions are off (mark_ranges)
+        self.mark_kernels = mark_kernels and mark_ranges
         self.range_kernel_free_ops = range_kernel_free_ops
         self.funcs, self.raw = [], []
         self.modules, self.backward_modules = ModuleStack(model), BackwardModules(model)
