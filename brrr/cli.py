@@ -1,6 +1,6 @@
 """The `brrr` command: a thin argparse layer over the public API.
 
-    brrr analyze FILE.py:FUNC | --example mlp   [--train --device --dtype --json --png --html]
+    brrr analyze FILE.py:FUNC | --example mlp   [--train --device --dtype --json --png --html --trace]
     brrr ceilings [--refresh] [--device] [--json]
     brrr experiment repeat|overhead [--backend] [--png --json]
     brrr explain FILE.py:FUNC | --example mlp   [--train --device --dtype]
@@ -43,7 +43,8 @@ def cmd_analyze(args):
     analysis = brrr.analyze(model, *inputs, train=args.train, device=device, progress=True)
     console = _console()
     analysis.print(console)
-    for path, save in ((args.json, analysis.save_json), (args.png, analysis.save_png), (args.html, analysis.save_html)):
+    for path, save in ((args.json, analysis.save_json), (args.png, analysis.save_png), (args.html, analysis.save_html),
+                       (args.trace, analysis.save_trace)):
         if path:
             save(path)
             console.print(f"wrote {path}")
@@ -110,6 +111,7 @@ def build_parser():
     p.add_argument("--json", help="write the analysis as JSON")
     p.add_argument("--png", help="write the roofline plot")
     p.add_argument("--html", help="write a self-contained HTML report")
+    p.add_argument("--trace", help="write a Chrome/Perfetto trace of the analyzed step (open in ui.perfetto.dev)")
     p.set_defaults(run=cmd_analyze)
 
     p = sub.add_parser("ceilings", help="measure (or show cached) bandwidth, matmul rates and launch latency")

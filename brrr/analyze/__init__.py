@@ -5,9 +5,11 @@ The pipeline, one module per stage:
     capture.py   TorchDispatchMode trace: every ATen op, its module, shapes, FLOPs, bytes, producers
     replay.py    a step traced before, timed again without the tracer (its ops matched to profiler events)
     timing.py    torch.profiler: per-op device (CUDA) or host (CPU) time, wall time, device busy time
+    kernels.py   kernels compiled code launched outside the ops, priced from brrr's kernel registry
     regimes.py   roofline floor and regime per op / module / run; the op-class table
     advise.py    fusion, overhead and precision advice, each with a predicted saving
     report.py    terminal, JSON, roofline PNG and HTML renderings of the Analysis (analysis.py)
+    trace.py     Chrome/Perfetto trace of the analyzed step
 """
 
 import statistics
@@ -17,11 +19,13 @@ import torch
 
 from brrr.analyze.analysis import Analysis
 from brrr.callable_package import make_callable
-from brrr.analyze.capture import OUTSIDE_MODEL, OpRecord, gc_paused, record_step, step_range, trace_names
+from brrr.analyze.capture import OpRecord, gc_paused, record_step, step_range, trace_names
+from brrr.analyze.kernels import kernel_records
 from brrr.analyze.replay import expected_ops, match_ops, model_state, span_seconds
 from brrr.analyze.step import KnownStep, KnownSteps, Step, resolve_device
-from brrr.analyze.timing import (attribute_kernels, cuda_op_times, device_busy_time, dynamo_frames_compiled,
-                                 median_times, op_times, profiled, session_events, timed_runs)
+from brrr.analyze.timing import (CudaTimes, attribute_kernels, cpu_times, cuda_op_times, device_busy_time,
+                                 dynamo_frames_compiled, median_times, op_times, profiled, session_events,
+                                 timed_runs)
 
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
@@ -62,13 +66,14 @@ def _tf32_enabled(device):
 
 
 def _profiled_times(prof, count, device):
-    """(per-op seconds, busy seconds or None, kernels launched outside every op, kernels per op or None) of one
-    profiled tracer run."""
+    """(per-op seconds, busy seconds or None, kernels launched outside every op, kernels per op or None, timeline
+    or None) of one profiled tracer run (timing.CudaTimes)."""
     if device.type == "cuda":
         fast = cuda_op_times(prof, count)
         if fast is not None:
             return fast
-    return op_times(prof, count, device), None, [], None
+        return CudaTimes(op_times(prof, count, device), None, [], None)
+    return cpu_times(prof, count)
 
 
 def _traced_run(step, device):
@@ -80,7 +85,8 @@ def _traced_run(step, device):
         compiles = dynamo_frames_compiled()
         # on CUDA only ops that launch kernels need a range: views and metadata ops take no device time
         with profiled(device) as prof:
-            trace = record_step(step, range_kernel_free_ops=device.type != "cuda")
+            cpu = device.type != "cuda"
+            trace = record_step(step, range_kernel_free_ops=cpu, mark_kernels=cpu)
         if dynamo_frames_compiled() == compiles:
             break
     return trace, _profiled_times(prof, len(trace.raw), device)
@@ -101,18 +107,18 @@ def _replayed_run(step, device, known):
     if spans is None:
         return None
     if device.type != "cuda":
-        return span_seconds(spans, len(known.trace.raw)), None, []
+        return span_seconds(spans, len(known.trace.raw)), None, [], None
     timed = attribute_kernels(events, spans, len(known.trace.raw))
     if timed is None or timed.kernels != known.kernels or [k[0] for k in timed.outside] != known.outside:
         return None
-    return timed[:3]
+    return timed.times, timed.busy_s, timed.outside, timed.timeline
 
 
 def _measured_run(step, device, known):
-    """(Trace, per-op seconds, busy seconds or None, outside kernels) of one timed step: replayed against the
-    KnownStep when the step was traced before, its trace can be replayed (replay.expected_ops) and the model's
-    state is unchanged; else traced, and `known` updated for later runs. A step whose replay failed once is
-    traced from then on."""
+    """(Trace, per-op seconds, busy seconds or None, outside kernels, timeline or None) of one timed step:
+    replayed against the KnownStep when the step was traced before, its trace can be replayed
+    (replay.expected_ops) and the model's state is unchanged; else traced, and `known` updated for later runs. A
+    step whose replay failed once is traced from then on."""
     replays = device.type in REPLAY_DEVICES and known.replayable
     state = model_state(step.model) if replays else None
     if replays and known.expected is not None and known.state == state:
@@ -120,23 +126,18 @@ def _measured_run(step, device, known):
         if timed is not None:
             return (known.trace, *timed)
         known.replayable = replays = False
-    trace, (times, busy, outside, kernels) = _traced_run(step, device)
+    trace, (times, busy, outside, kernels, timeline) = _traced_run(step, device)
     known.trace, known.state, known.kernels, known.outside = trace, state, kernels, [k[0] for k in outside]
     known.expected = expected_ops(trace) if replays else None
-    return trace, times, busy, outside
+    return trace, times, busy, outside, timeline
 
 
-def _kernel_records(outside, records):
-    """OpRecords for the kernels compiled code launched outside every ATen op (see timing.cuda_op_times),
-    appended after the ops, each with the module and phase of the op that ran before its launch."""
-    kernels = []
-    for name, seconds, before in outside:
-        near = records[before] if 0 <= before < len(records) else None
-        kernels.append(OpRecord(
-            index=len(records) + len(kernels), name=name, module=near.module if near else OUTSIDE_MODEL["forward"],
-            phase=near.phase if near else "forward", op_class="other", flops=0, bytes_read=0, bytes_written=0,
-            dtype=None, time_s=seconds, kernel=True))
-    return kernels
+def _record_timeline(timeline, ops):
+    """The traced run's slices as (track, start_ns, end_ns, record index, name): an op's slices point at its record,
+    a kernel launched outside every op at its kernel record (numbered after the `ops` op records)."""
+    if not timeline:
+        return None
+    return [(s.track, s.start_ns, s.end_ns, s.op if s.op is not None else ops + s.kernel, s.name) for s in timeline]
 
 
 def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=None, profile_runs=None):
@@ -165,7 +166,7 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         plain = timed_runs(step, device, runs=WALL_RUNS, warm_s=known.wall_s)
         wall = min(plain)
         known.wall_s = plain[-1]
-        trace, times, busy, outside = _measured_run(step, device, known)
+        trace, times, busy, outside, timeline = _measured_run(step, device, known)
         records = trace.records()  # priced and linked once the profiler has stopped
         runs, busys = [times], [busy]
 
@@ -177,25 +178,30 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
                 timed = _replayed_run(step, device, known)
             else:
                 with profiled(device) as prof:
-                    run_names = trace_names(step, range_kernel_free_ops=device.type != "cuda")
+                    run_names = trace_names(step, range_kernel_free_ops=device.type != "cuda",
+                                            mark_kernels=device.type != "cuda")
                 timed = _profiled_times(prof, len(records), device) if run_names == names else None
             if timed is not None:
                 runs.append(timed[0])
                 busys.append(timed[1])
         for record, seconds in zip(records, median_times(runs)):
             record.time_s = seconds
-        records += _kernel_records(outside, records)
+        ops = len(records)
+        records += kernel_records(outside, records, step.model)
 
         stage("wall time")
         if None in busys:
             busy = device_busy_time(step, device)
+            if device.type != "cuda":   # interpreted brrr kernels: host time in no ATen op, busy all the same
+                busy += sum(r.time_s for r in records[ops:])
         else:
             busy = statistics.median(busys)
 
         stage("classify")
         with gc_paused():  # thousands of small objects per analysis: no collection in the middle of them
             return Analysis.from_measurements(records, ceilings, wall, busy, train=train,
-                                              tf32_enabled=_tf32_enabled(device))
+                                              tf32_enabled=_tf32_enabled(device),
+                                              timeline=_record_timeline(timeline, ops))
 
 
 make_callable(__name__, analyze)

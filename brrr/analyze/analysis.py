@@ -26,9 +26,11 @@ class Analysis:
     op_classes: dict             # class -> {"ops", "flops", "time_s", "flops_pct", "time_pct"}
     modules: dict                # module path -> {"ops", "flops", "bytes", "time_s", "seconds", "regime"}
     advice: list = field(default_factory=list)
+    timeline: list = None        # the traced run's slices (track, start_ns, end_ns, op index, name); trace.py
 
     @classmethod
-    def from_measurements(cls, records, ceilings, wall_time_s, busy_time_s=None, train=False, tf32_enabled=None):
+    def from_measurements(cls, records, ceilings, wall_time_s, busy_time_s=None, train=False, tf32_enabled=None,
+                          timeline=None):
         """Classify measured records and advise; `records` get their roofline floor and regime filled in."""
         regimes_mod.place_ops(records, ceilings)
         if busy_time_s is None:
@@ -39,7 +41,7 @@ class Analysis:
             device=ceilings.device, kind=ceilings.kind, train=train, ops=records, ceilings=ceilings,
             wall_time_s=wall_time_s, busy_time_s=busy_time_s, regimes=split,
             regime=regimes_mod.dominant_regime(split), op_classes=regimes_mod.op_class_table(records),
-            modules=regimes_mod.module_regimes(records), advice=advice,
+            modules=regimes_mod.module_regimes(records), advice=advice, timeline=timeline,
         )
 
     def to_dict(self):
@@ -53,6 +55,12 @@ class Analysis:
     def save_json(self, path):
         with open(path, "w") as f:
             f.write(self.to_json())
+
+    def save_trace(self, path):
+        """A Chrome/Perfetto trace of the analyzed step (trace.py)."""
+        from brrr.analyze.trace import save_trace
+
+        save_trace(self, path)
 
     def save_png(self, path):
         from brrr.analyze.report import save_roofline_png

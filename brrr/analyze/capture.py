@@ -18,7 +18,9 @@ autograd node is running (matched by the node's sequence number), else "<backwar
 With `mark_ranges=True` each op runs inside a profiler range `brrr#<index>`, so a profiler around the step
 can attribute host time and the device kernels an op launched to that op's record (see timing.py). When only
 device time is wanted (CUDA), ops that can't launch a kernel (views, metadata) go without a range: two thirds
-of BERT's ops, each range costing a few microseconds in the step and one more event to read.
+of BERT's ops, each range costing a few microseconds in the step and one more event to read. With
+`mark_kernels=True` (CPU) each brrr kernel the Triton interpreter runs gets a range `brrr-kernel:<name>` too
+(`kernel_range`, through brrr.compile.kernel_registry.LAUNCH_HOOK), with the tracer off inside it.
 """
 
 import functools
@@ -31,12 +33,14 @@ from typing import NamedTuple
 import torch
 from torch._ops import OpOverload
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from brrr.compile import kernel_registry
 from brrr.cost.ops import (OpCost, launches_no_kernel, nbytes_touched, op_class, op_cost, tensors_in,
                            written_arguments)
 
 RANGE_PREFIX = "brrr#"
+KERNEL_RANGE_PREFIX = "brrr-kernel:"  # around an interpreted brrr kernel's launch (CPU): `brrr-kernel:<its name>`
 STEP_RANGE = "brrr-step"  # around the whole traced step: kernels launched in it but outside every op range
                           # come from compiled code (timing.cuda_op_times)
 # record_function's C++ core: a profiler range without record_function's own op dispatches (~1 us, not ~7)
@@ -69,8 +73,11 @@ class OpRecord:
     roofline_time_s: float = 0.0
     regime: str = "overhead"
     is_step_output: bool = False    # wrote a tensor the step hands back (model output, parameter gradient)
-    kernel: bool = False            # a device kernel launched by compiled code, not by an ATen op: its time
-                                    # is measured, its FLOPs and bytes are unknown (0)
+    kernel: bool = False            # a kernel launched by compiled code, not by an ATen op: its time is
+                                    # measured, its FLOPs and bytes come from its compiler (kernels.py) or are
+                                    # unknown (0)
+    fused_ops: tuple = ()           # a kernel's ATen ops, as its compiler tells ("aten.gelu.default", ...)
+    modules: tuple = ()             # a brrr kernel's modules, the one doing most of its FLOPs first (= module)
 
     @property
     def bytes(self):
@@ -84,6 +91,11 @@ class OpRecord:
     @property
     def contraction(self):
         return self.op_class == "contraction"
+
+    @property
+    def unpriced(self):
+        """A compiled kernel whose FLOPs and bytes nobody told: placed by its duration alone."""
+        return self.kernel and not (self.flops or self.bytes_read or self.bytes_written)
 
 
 def _storage_key(t):
@@ -329,8 +341,9 @@ class BackwardModules:
         """id(parameter) -> the module owning it; built on first use (inference never asks)."""
         if not isinstance(self.model, torch.nn.Module):
             return {}
-        return {id(param): name.rpartition(".")[0] or type(self.model).__name__
-                for name, param in self.model.named_parameters()}
+        model = getattr(self.model, "_orig_mod", self.model)   # torch.compile's OptimizedModule: the module's names
+        return {id(param): name.rpartition(".")[0] or type(model).__name__
+                for name, param in model.named_parameters()}
 
     def resolve_pending(self):
         for outputs, module in self.pending:
@@ -409,9 +422,13 @@ class OpTracer(TorchDispatchMode):
         # (`_skip_in_dynamo`) does the tracer go without that wrapper.
         return not _CAN_SKIP_CODE
 
-    def __init__(self, model=None, record_costs=True, mark_ranges=False, range_kernel_free_ops=True):
+    def __init__(self, model=None, record_costs=True, mark_ranges=False, range_kernel_free_ops=True,
+                 mark_kernels=False):
         super().__init__()
         self.record_costs, self.mark_ranges = record_costs, mark_ranges
+        # interpreted brrr kernels (CPU) get a range of their own (kernel_range), inside a step whose record
+        # functions are off (mark_ranges)
+        self.mark_kernels = mark_kernels and mark_ranges
         self.range_kernel_free_ops = range_kernel_free_ops
         self.funcs, self.raw = [], []
         self.modules, self.backward_modules = ModuleStack(model), BackwardModules(model)
@@ -426,12 +443,16 @@ class OpTracer(TorchDispatchMode):
             # a profiler then records the brrr#i ranges and the launches, and none of the composite ops,
             # autograd engine calls and re-dispatched ATen calls around them (seen: 2.2x fewer events)
             _record_functions(False)
+        if self.mark_kernels:
+            kernel_registry.LAUNCH_HOOK = kernel_range
         return super().__enter__()
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
+            if self.mark_kernels:
+                kernel_registry.LAUNCH_HOOK = None
             if self.mark_ranges:
                 _record_functions(True)
             if self.record_costs:
@@ -497,6 +518,22 @@ class OpTracer(TorchDispatchMode):
         if module is not None and _grad_enabled():
             backward.note_forward(out, module)
         return module, "forward"
+
+
+@contextmanager
+def kernel_range(name):
+    """Around one interpreted brrr kernel launch while a CPU step is traced (kernel_registry.LAUNCH_HOOK): a profiler
+    range `brrr-kernel:<name>`, the kernel's host time. The Triton interpreter's own tensor calls inside (empty,
+    set_, copy_ of each argument) are the launch's, not the model's ops: the tracer doesn't see them and the profiler
+    doesn't record them."""
+    with _disable_current_modes():
+        _record_functions(True)
+        try:
+            with _op_range(KERNEL_RANGE_PREFIX + name):
+                _record_functions(False)
+                yield
+        finally:
+            _record_functions(False)
 
 
 class _Priced(NamedTuple):
@@ -615,12 +652,13 @@ def step_range(mark=True):
     return _op_range(STEP_RANGE) if mark else nullcontext()
 
 
-def record_step(step, mark_ranges=True, range_kernel_free_ops=True):
+def record_step(step, mark_ranges=True, range_kernel_free_ops=True, mark_kernels=False):
     """Run `step` once under the tracer; returns its Trace (priced and linked by `.records()`, after the step,
     so that a profiler around this call sees the step alone). range_kernel_free_ops=False: views and
-    metadata ops get no profiler range (device timing only needs the ops that launch kernels)."""
+    metadata ops get no profiler range (device timing only needs the ops that launch kernels). mark_kernels:
+    interpreted brrr kernels get a range each (kernel_range; CPU)."""
     tracer = OpTracer(step.model, record_costs=True, mark_ranges=mark_ranges,
-                      range_kernel_free_ops=range_kernel_free_ops)
+                      range_kernel_free_ops=range_kernel_free_ops, mark_kernels=mark_kernels)
     with step_range(mark_ranges), tracer, gc_paused(), warnings.catch_warnings():
         # the module hooks are brrr's, for this step only: torch's warning about them is not the user's concern
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
@@ -634,9 +672,10 @@ def capture(step, mark_ranges=True):
     return record_step(step, mark_ranges).records()
 
 
-def trace_names(step, mark_ranges=True, range_kernel_free_ops=True):
+def trace_names(step, mark_ranges=True, range_kernel_free_ops=True, mark_kernels=False):
     """Run `step` once marking ranges only (no pricing); returns the op names, to match against capture."""
-    tracer = OpTracer(record_costs=False, mark_ranges=mark_ranges, range_kernel_free_ops=range_kernel_free_ops)
+    tracer = OpTracer(record_costs=False, mark_ranges=mark_ranges, range_kernel_free_ops=range_kernel_free_ops,
+                      mark_kernels=mark_kernels)
     with step_range(mark_ranges), tracer:
         step()
     return tracer.names

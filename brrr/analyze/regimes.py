@@ -6,8 +6,8 @@ contractions and the plain fp32 rate for everything else (Ceilings.roofline_time
 - "bandwidth": the bytes roof is;
 - "overhead":  fixed cost dominates: no work at all, or a tiny op that finishes within a few launch
                latencies while its floor is well under its measured time.
-Kernels launched by compiled code outside any ATen op have no known FLOPs or bytes; they are placed by
-duration alone (`compiled_kernel_regime`).
+Kernels launched by compiled code outside any ATen op are placed like ops when their compiler told their FLOPs
+and bytes (brrr's kernels, analyze/kernels.py); the others are placed by duration alone (`compiled_kernel_regime`).
 The run is split into seconds of each regime that add up to the wall time (see `run_split`), and ops are
 grouped per module and per op class (the "% FLOPs vs % runtime" table of Data Movement Is All You Need).
 """
@@ -53,7 +53,7 @@ def place_ops(records, ceilings):
     """Fill `roofline_time_s` and `regime` of every OpRecord from its FLOPs, bytes and measured time."""
     floors = {}  # (flops, bytes, dtype, contraction) -> (peak, floor): a model's layers repeat the same ops
     for r in records:
-        if r.kernel:
+        if r.unpriced:
             r.roofline_time_s, r.regime = 0.0, compiled_kernel_regime(r.time_s, ceilings.launch_latency)
             continue
         if not (r.flops or r.bytes_read or r.bytes_written):  # views, metadata, empty tensors: no roof at all

@@ -63,10 +63,10 @@ def fmt_pct(value):
 
 def op_row(op, total_time, short=False):
     """The display fields of one op: shared by the terminal table and the HTML table."""
-    known = op.time_s and not op.kernel  # a compiled kernel's FLOPs and bytes are unknown: no rates
+    known = op.time_s and not op.unpriced  # a kernel whose FLOPs and bytes nobody told: no rates
     return {
         "#": str(op.index), "op": short_name(op.name) if short else op.name, "module": op.module + (" (bw)" if op.phase == "backward" else ""),
-        "class": "kernel" if op.kernel else op.op_class, "time": fmt_seconds(op.time_s),
+        "class": "kernel" if op.unpriced else op.op_class, "time": fmt_seconds(op.time_s),
         "% time": fmt_pct(op.time_s / total_time if total_time else None),
         "FLOP/s": fmt_rate(op.flops / op.time_s if known else None, "" if short else "FLOP/s"),
         "bytes/s": fmt_rate(op.bytes / op.time_s if known else None, "" if short else "B/s"),
@@ -75,7 +75,7 @@ def op_row(op, total_time, short=False):
 
 
 def _achieved(op):
-    return None if op.kernel else achieved_fraction(op.roofline_time_s, op.time_s)
+    return None if op.unpriced else achieved_fraction(op.roofline_time_s, op.time_s)
 
 
 def top_ops(analysis, top):
@@ -100,6 +100,7 @@ def op_dict(op):
         "time_s": float(op.time_s), "regime": op.regime, "intensity": op.intensity,
         "roofline_time_s": float(op.roofline_time_s), "achieved_fraction": _achieved(op), "kernel": op.kernel,
         "dtype": op.dtype, "input_shapes": op.input_shapes, "inputs_from": [p for p, _ in op.inputs_from],
+        **({"fused_ops": list(op.fused_ops), "modules": list(op.modules)} if op.kernel else {}),
     }
 
 
@@ -159,11 +160,14 @@ def print_report(analysis, console, top=15):
                          right={"#", "time", "% time", "FLOP/s", "bytes/s", "% of roof"}, wrap={"module"},
                          cap=18 if narrow else 28))
     kernels = [op for op in analysis.ops if op.kernel]
+    unpriced = [op for op in kernels if op.unpriced]
     if kernels:
         console.print(f"{len(kernels)} kernels were launched by compiled code, outside any ATen op "
-                      f"({fmt_seconds(sum(op.time_s for op in kernels))}): their time is measured, their FLOPs "
-                      "and bytes are not known, and their regime is assumed from their length. They count as "
-                      "'other' in the class table.")
+                      f"({fmt_seconds(sum(op.time_s for op in kernels))}); {len(kernels) - len(unpriced)} carry "
+                      "FLOPs and bytes from their compiler's plan.")
+    if unpriced:
+        console.print(f"{len(unpriced)} of them ({fmt_seconds(sum(op.time_s for op in unpriced))}) have FLOPs "
+                      "and bytes nobody told: their time is measured and their regime assumed from their length.")
     rows = module_rows(analysis, top=8)
     for row in rows:
         row[0], row[-1] = escape(row[0]), f"[{REGIME_STYLES[row[-1]]}]{row[-1]}[/]"

@@ -11,7 +11,12 @@ Three measurements of the same step:
   (step.KnownSteps).
 - device busy time: on CUDA the union of the traced run's kernel intervals (kernels take as long with the
   tracer as without; only the gaps between them grow); on CPU a plain profiled step's summed top-level ATen
-  op time. Wall minus busy is time the device waited on the host (overhead).
+  op time, plus the traced host time of interpreted brrr kernels. Wall minus busy is time the device waited on
+  the host (overhead).
+- kernels compiled code launched outside every op: on CUDA those launched inside the step range but outside
+  every op range; on CPU the launch ranges `brrr-kernel:<name>` of interpreted brrr kernels (capture.kernel_range).
+  They become records in kernels.py. The traced run's intervals (ops' ranges, device kernels) are kept as a
+  timeline of Slices for the trace export.
 
 The profiler's raw Kineto events are read directly: on CUDA a kernel belongs to op i when the runtime call
 that launched it (same correlation id) started inside range `brrr#i`; on CPU an op's time is the length of
@@ -32,7 +37,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler import profile
 
-from brrr.analyze.capture import RANGE_PREFIX, STEP_RANGE
+from brrr.analyze.capture import KERNEL_RANGE_PREFIX, RANGE_PREFIX, STEP_RANGE
 from brrr.cost.device import synchronize, time_once
 from brrr.errors import BrrrError
 
@@ -146,13 +151,25 @@ def _range_index(name):
     return int(name[len(RANGE_PREFIX):]) if name.startswith(RANGE_PREFIX) else None
 
 
-class CudaTimes(NamedTuple):
-    """What a profiled tracer run on CUDA measured (see cuda_op_times)."""
+class Slice(NamedTuple):
+    """One interval of the traced step, kept for the trace export (trace.py)."""
 
-    times: list       # device seconds per op index
-    busy_s: float     # union of the step's kernel intervals
+    track: str        # "host": an op's range or an interpreted kernel's launch range | "device": a device kernel
+    start_ns: int
+    end_ns: int
+    op: int | None    # the op index it belongs to, or None
+    kernel: int | None  # its index among the kernels launched outside every op (their records), or None
+    name: str         # a device kernel's name; "" for an op's range
+
+
+class CudaTimes(NamedTuple):
+    """What a profiled tracer run measured (see cuda_op_times; cpu_times on CPU)."""
+
+    times: list       # device seconds per op index (CPU: host seconds)
+    busy_s: float     # union of the step's kernel intervals (CPU: None)
     outside: list     # [(kernel name, seconds, index of the op range before its launch or -1)]
-    kernels: list     # kernels launched per op index
+    kernels: list     # kernels launched per op index (CPU: None)
+    timeline: list = None  # [Slice] of the run
 
 
 class SessionEvents(NamedTuple):
@@ -210,6 +227,7 @@ def attribute_kernels(events, spans, count):
     launches, step = events.launches, events.step
     starts = [span[0] for span in spans]
     times, intervals, outside, launched_by = [0.0] * count, [], [], [0] * count
+    timeline = [Slice("host", start, end, index, None, "") for start, end, index in spans if index < count]
     for correlation, start, end, kernel in events.kernels:
         launched = launches.get(correlation)
         if launched is None:
@@ -218,15 +236,19 @@ def attribute_kernels(events, spans, count):
         if j >= 0 and launched <= spans[j][1] and spans[j][2] < count:
             times[spans[j][2]] += (end - start) / 1e9
             launched_by[spans[j][2]] += 1
+            timeline.append(tuple.__new__(Slice, ("device", start, end, spans[j][2], None, kernel.name())))
         elif step is not None and step[0] <= launched <= step[1]:
-            outside.append((launched, kernel.name(), (end - start) / 1e9, spans[j][2] if j >= 0 else -1))
+            before = spans[j][2] if j >= 0 else -1
+            outside.append((launched, kernel.name(), (end - start) / 1e9, before, start, end))
         else:
             continue  # the profiler's own warm-up op
         intervals.append((start, end))
     if events.kernels and not intervals:
         return None
     outside.sort()
-    return CudaTimes(times, union_seconds(intervals) / 1e9, [entry[1:] for entry in outside], launched_by)
+    timeline += [Slice("device", entry[4], entry[5], None, k, entry[1]) for k, entry in enumerate(outside)]
+    return CudaTimes(times, union_seconds(intervals) / 1e9, [entry[1:4] for entry in outside], launched_by,
+                     timeline)
 
 
 def _device_time_us(event):
@@ -248,6 +270,32 @@ def op_times(prof, count, device):
         if index < count:
             times[index] = _device_time_us(event) / 1e6
     return times
+
+
+def cpu_times(prof, count):
+    """CudaTimes of a profiled tracer run on CPU, from the raw Kineto events: host seconds per op index (the length
+    of each `brrr#<index>` range) and, as kernels launched outside every op, the interpreted brrr kernels' launch
+    ranges (`brrr-kernel:<name>`, capture.kernel_range), each with the op range that started before it."""
+    times, ops, kernels = [0.0] * count, [], []
+    for e in _kineto_events(prof):
+        if e.device_type() != DeviceType.CPU:
+            continue
+        name = e.name()
+        index = _range_index(name)
+        if index is not None and index < count:
+            times[index] = e.duration_ns() / 1e9
+            ops.append((e.start_ns(), e.end_ns(), index))
+        elif name.startswith(KERNEL_RANGE_PREFIX):
+            kernels.append((e.start_ns(), e.end_ns(), name[len(KERNEL_RANGE_PREFIX):]))
+    ops.sort()
+    kernels.sort()
+    starts = [op[0] for op in ops]
+    outside, timeline = [], [Slice("host", start, end, index, None, "") for start, end, index in ops]
+    for k, (start, end, name) in enumerate(kernels):
+        j = bisect.bisect_right(starts, start) - 1
+        outside.append((name, (end - start) / 1e9, ops[j][2] if j >= 0 else -1))
+        timeline.append(Slice("host", start, end, None, k, name))
+    return CudaTimes(times, None, outside, None, timeline)
 
 
 def cpu_op_times(prof, count):

@@ -131,7 +131,7 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
                 raise
             raise GraphFallback(f"planning failed ({type(e).__name__}: {str(e)[:200]})") from e
         if sink is not None:
-            sink.planned(graph_kind, gm, plan, generate_all(plan))
+            sink.planned(graph_kind, gm, plan, generate_all(plan, graph_kind))
             return make_boxed_func(gm)
         for fx, why, scope in plan.lowering.fallbacks:
             if scope == "op":

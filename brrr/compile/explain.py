@@ -25,6 +25,15 @@ class KernelInfo:
     space: str                 # "[512, 1024] reducing [1]"
     reads: list = field(default_factory=list)
     writes: list = field(default_factory=list)
+    flops: int = 0             # brrr.cost's FLOPs of the ATen ops it computes (pricing.py)
+    bytes_read: int = 0
+    bytes_written: int = 0
+    modules: list = field(default_factory=list)   # Dynamo source paths of the modules its ops came from
+
+    @property
+    def kernel_name(self):
+        """The name the profiler, the Triton function and brrr.analyze know it by (`name` has its graph first)."""
+        return self.name.split(".", 1)[1]
 
 
 @dataclass
@@ -72,7 +81,7 @@ class Explanation:
         lines.append("")
         lines.append("fused kernels:")
         for k in self.kernels:
-            lines.append(f"  [{k.graph}] {k.name}: {k.space}, {_fmt(k.bytes)}")
+            lines.append(f"  [{k.graph}] {k.name}: {k.space}, {_fmt(k.bytes)}, {k.flops} FLOPs")
             lines.append(f"      ops: {', '.join(k.ops) or '-'}")
             lines.append(f"      reads: {', '.join(k.reads)}")
             lines.append(f"      writes: {', '.join(k.writes)}")
@@ -149,9 +158,7 @@ def _shapes(fx):
 
 def record(ex, kind, gm, plan, kernels):
     """add one planned graph to the Explanation."""
-    from brrr.cost.ops import tensor_bytes
     from brrr.compile.matmul_padding import DECISIONS
-    from brrr.compile.schedule import load_bytes
     ex.graphs.append(kind)
     ex.paddings.extend((kind, p) for p in gm.meta.get(DECISIONS, []))
     for fx in gm.graph.nodes:
@@ -162,12 +169,13 @@ def record(ex, kind, gm, plan, kernels):
         if step_kind == "kernel":
             ks = kernels[step]
             reads = [a for a in ks.args if a not in ks.stores]
-            space_numel = step.xnumel() * step.rnumel()
-            nbytes = sum(tensor_bytes(a.meta["fake"]) if a in ks.stores else load_bytes(a, space_numel)
-                         for a in ks.args if isinstance(a.meta.get("fake"), torch.Tensor) and a.producer != "seed")
+            work = ks.work   # pricing.KernelWork, from runtime.generate_all
+            nbytes = work.bytes
             space = f"{list(step.shape)}" + (f" reducing dims {list(step.dims)}" if step.dims else "")
             ex.kernels.append(KernelInfo(f"{kind}.{ks.name}", kind, ks.ops, nbytes, ks.source, space,
-                                         [_node_desc(a) for a in reads], [_node_desc(a) for a in ks.stores]))
+                                         [_node_desc(a) for a in reads], [_node_desc(a) for a in ks.stores],
+                                         work.flops, work.bytes_read, work.bytes_written,
+                                         [path for _, path in work.modules]))
             ex.bytes_fused += nbytes
         elif step_kind == "aten" and step.kind == "buffer" and step.fx not in seen_fx:
             seen_fx.add(step.fx)
@@ -178,7 +186,7 @@ def record(ex, kind, gm, plan, kernels):
             (ex.externs if step.producer == "extern" else ex.fallbacks).append(info)
             ex.bytes_fused += b
     for node, why in plan.refusals:
-        ex.refusals.append((kind, _node_desc(node), why.replace(" kernel ", f" {kind}.")))
+        ex.refusals.append((kind, _node_desc(node), str(why).replace(" kernel ", f" {kind}.")))
 
 
 def explain(fn_or_model, *inputs, train=False, dynamic=False):

@@ -25,6 +25,7 @@ import os
 
 import torch
 
+from brrr.compile import kernel_registry
 from brrr.compile.fallbacks import KernelFailed
 
 _PLAIN = (int, float, bool, type(None))
@@ -136,7 +137,12 @@ class Launcher:
             run(g0, g1, g2, _current_stream(device), function, packed, None, None, None, *args, *tail)
             return None
         try:
-            kernel = self.jit_fn[self.grid](*args, **self.meta)
+            hook = kernel_registry.LAUNCH_HOOK   # set only while brrr.analyze traces a CPU step
+            if hook is None:
+                kernel = self.jit_fn[self.grid](*args, **self.meta)
+            else:
+                with hook(self.name):
+                    kernel = self.jit_fn[self.grid](*args, **self.meta)
         except Exception as e:   # compiling or launching failed: the graph can re-plan without this kernel
             if isinstance(e, torch.OutOfMemoryError):
                 raise

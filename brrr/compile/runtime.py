@@ -23,7 +23,7 @@ from collections import Counter
 
 import torch
 
-from brrr.compile import fallbacks, ir
+from brrr.compile import fallbacks, ir, kernel_registry
 from brrr.compile.fallbacks import KernelFailed, MAX_REPLANS, debugging, is_out_of_memory, recover, warn_once
 from brrr.compile.graphs import GraphedCall
 from brrr.compile.inplace import reused_memory
@@ -126,9 +126,11 @@ def kernel_fx_nodes(kernel, rendered=()):
     return tuple(dict.fromkeys(n.fx for n in nodes if n.fx is not None and n.fx.op == "call_function"))
 
 
-def generate_all(plan):
+def generate_all(plan, graph_kind="graph"):
     """KernelSource per kernel step (reverse order, so a reduction read by a later kernel is stored). Every
-    stored node's strides were fixed by the scheduler (brrr.compile.layout)."""
+    stored node's strides were fixed by the scheduler (brrr.compile.layout). Each kernel takes a name unique in
+    the process and is registered with its FLOPs, bytes, ATen ops and modules (kernel_registry.py), for as long
+    as the graph lives."""
     stored = set(plan.stored)
     kernel_of = {r: k for kind, k in plan.steps if kind == "kernel" for r in k.roots}
     out = {}
@@ -145,10 +147,38 @@ def generate_all(plan):
             if debugging() or is_out_of_memory(e):
                 raise
             raise KernelFailed(k.name, "generate", e, kernel_fx_nodes(k, getattr(e, "brrr_rendered", ()))) from e
+        name, text = kernel_registry.claim(k.name, src.source)
+        if name != k.name:
+            k.name = src.name = name
+            src.source = text
         out[k] = src
         stored |= refs
     plan.stored = stored
+    register_kernels(plan, out, graph_kind)
     return out
+
+
+def register_kernels(plan, kernels, kind):
+    """Price every kernel of the plan (pricing.py) and record it under its name (kernel_registry.py)."""
+    from brrr.compile.pricing import fx_flops, graph_shares, kernel_work
+
+    gm = plan.lowering.gm
+    totals = graph_shares([tuple(src.nodes) + tuple(k.roots) for k, src in kernels.items()])
+    position = {fx: i for i, fx in enumerate(gm.graph.nodes)} if gm is not None else {}
+    flops = {}
+
+    def flops_of(fx):
+        if fx not in flops:
+            flops[fx] = fx_flops(fx)
+        return flops[fx]
+
+    for k, src in kernels.items():
+        work = kernel_work(k, src, totals, flops_of, position)
+        src.work = work
+        if gm is not None:
+            kernel_registry.register(kernel_registry.KernelMeta(
+                src.name, kind, work.flops, work.bytes_read, work.bytes_written, work.op_class, work.dtype, work.ops,
+                work.modules), src.source, gm)
 
 
 _aten = torch.ops.aten
@@ -252,7 +282,7 @@ class CompiledGraph:
 
 
 def build(plan, gm, cuda_graphs=False, kind="graph"):
-    kernels = generate_all(plan)
+    kernels = generate_all(plan, kind)
     reused = reused_memory(plan, kernels)
     names, glb = {}, {"torch": torch, "empty_strided": torch.empty_strided, "empty_cuda": _EMPTY_CUDA,
                       "layout": layout, "check_index": check_index}

@@ -155,7 +155,7 @@ class Reason:
 class Plan:
     steps: list                  # ("kernel", Kernel) | ("aten", Node)
     stored: set                  # nodes that get a buffer written by a kernel
-    refusals: list               # (node, reason)
+    refusals: list               # (node, reason: str or Reason, rendered with the kernels' final names)
     lowering: object
 
 
@@ -441,7 +441,7 @@ class Scheduler:
         position = {fx: i for i, fx in enumerate(self.L.gm.graph.nodes)} if self.L.gm is not None else {}
         for i, k in enumerate(k for kind, k in self.steps if kind == "kernel"):
             k.name = kernel_name(k.members, i, position)
-        self.refusals = [(n, str(why)) for n, why in self.refusals]
+        # refusals stay unrendered (Reason): a kernel may still be renamed when its source is known (kernel_registry)
         return Plan(self.steps, self.stored, self.refusals, self.L)
 
 

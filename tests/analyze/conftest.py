@@ -1,7 +1,15 @@
 """Shared helpers for the analyzer's tests: hand-built ceilings and op records, and analyses reused by tests."""
 
-import pytest
-import torch
+import os
+import tempfile
+
+# brrr-compiled models run their kernels in the Triton interpreter (as `make test` runs every test): set before
+# triton is imported anywhere, with a kernel cache of the tests' own
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("BRRR_CACHE_DIR", tempfile.mkdtemp(prefix="brrr-test-cache-"))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from tests.analyze.synthetic import make_ceilings
 

@@ -78,7 +78,7 @@ def test_cuda_kernels_are_attributed_to_the_range_that_launched_them():
         FakeKinetoEvent("gelu", gpu, 1100, 1500, correlation=902),  # overlaps gemm: busy counts it once
         FakeKinetoEvent("memset", gpu, 1500, 1600, correlation=903),
     ]
-    times, busy, outside, kernels = cuda_op_times(fake_profile(events), count=2)
+    times, busy, outside, kernels, _ = cuda_op_times(fake_profile(events), count=2)
     assert kernels == [1, 2]
     assert times == [1000 / 1e9, (400 + 100) / 1e9]
     assert busy == (1600 - 200) / 1e9
@@ -104,11 +104,17 @@ def test_kernels_compiled_code_launched_in_the_step_count_as_busy_and_are_listed
         FakeKinetoEvent("gemm", gpu, 200, 1200, correlation=901),
         FakeKinetoEvent("triton_poi_fused_gelu_1", gpu, 1200, 1500, correlation=902),
     ]
-    times, busy, outside, kernels = cuda_op_times(fake_profile(events), count=1)
+    times, busy, outside, kernels, timeline = cuda_op_times(fake_profile(events), count=1)
     assert kernels == [1]
     assert times == [1000 / 1e9]
     assert busy == (40 + 1000 + 300) / 1e9
     assert outside == [("triton_red_fused_0", 40 / 1e9, -1), ("triton_poi_fused_gelu_1", 300 / 1e9, 0)]
+    # kept for the trace: the op's range on the host, its kernel on the device, and the compiled code's kernels
+    # numbered as their records will be (in launch order)
+    assert sorted(timeline, key=lambda s: tuple(map(str, s))) == sorted([("host", 10, 20, 0, None, ""), ("device", 200, 1200, 0, None, "gemm"),
+                                       ("device", 150, 190, None, 0, "triton_red_fused_0"),
+                                       ("device", 1200, 1500, None, 1, "triton_poi_fused_gelu_1")],
+                                      key=lambda s: tuple(map(str, s)))
 
 
 def test_unlinkable_kernels_fall_back():

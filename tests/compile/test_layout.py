@@ -371,8 +371,10 @@ def test_kernels_are_named_after_what_they_fuse():
     x = channels_last(2, 8, 4, 4)
     with torch.no_grad():
         ex = brrr.explain(lambda x, y: torch.relu(bn(x) + y), x, x)
-    assert [k.name for k in ex.kernels] == ["inference.brrr_bn_add_relu_0"]
-    assert "def brrr_bn_add_relu_0(" in ex.kernels[0].source
+    # a live kernel of other source elsewhere in the process may hold the name: then a version suffix follows
+    (kernel,) = ex.kernels
+    assert re.fullmatch(r"inference\.brrr_bn_add_relu_0(_v\d+)?", kernel.name)
+    assert f"def {kernel.kernel_name}(" in kernel.source
     ln = torch.nn.LayerNorm(16)
     ex = brrr.explain(lambda x, y: torch.softmax(ln(x + y), -1) + y.sum(0), torch.randn(4, 16), torch.randn(4, 16))
     names = [k.name.split(".")[1] for k in ex.kernels]

@@ -50,6 +50,7 @@ class KernelSource:
         self.name, self.source, self.args, self.grid, self.meta = name, source, args, grid, meta
         self.ops, self.bytes, self.stores = ops, bytes_moved, stores
         self.nodes = tuple(nodes)   # the IR nodes computed inside the kernel (roots and inlined producers)
+        self.work = None            # pricing.KernelWork: FLOPs, bytes, ATen ops, modules (runtime.generate_all)
 
 
 class Scope:
