@@ -6,7 +6,10 @@ The pipeline, one module per stage:
     replay.py    a step traced before, timed again without the tracer (its ops matched to profiler events)
     timing.py    torch.profiler: per-op device (CUDA) or host (CPU) time, wall time, device busy time
     regimes.py   roofline floor and regime per op / module / run; the op-class table
+    predict.py   one predicted step time per remedy brrr can apply (compile, CUDA graphs, TF32, ...)
     advise.py    fusion, overhead and precision advice, each with a predicted saving
+    calibration.py  per device and remedy kind, how far off predictions were: the correction applied
+    verify.py    (verify=True) each remedy applied to a copy of the model and measured
     report.py    terminal, JSON, roofline PNG and HTML renderings of the Analysis (analysis.py)
 """
 
@@ -15,6 +18,7 @@ from contextlib import contextmanager
 
 import torch
 
+from brrr.analyze import calibration
 from brrr.analyze.analysis import Analysis
 from brrr.callable_package import make_callable
 from brrr.analyze.capture import OUTSIDE_MODEL, OpRecord, gc_paused, record_step, step_range, trace_names
@@ -139,13 +143,17 @@ def _kernel_records(outside, records):
     return kernels
 
 
-def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=None, profile_runs=None):
+def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=None, profile_runs=None,
+            verify=False, calibrate=True):
     """Capture, time and classify every op of one step of `model(*inputs)`; returns an Analysis.
 
     train: a forward+backward step instead of inference.  device: where the step runs (default: the
     inputs' device).  ceilings: a Ceilings to use instead of the measured/cached ones of `device`.
     profile_runs: profiled steps whose per-op times are combined by median (default: 1 on CUDA, where
     kernel times repeat closely, 3 on CPU, where host times are noisy).
+    verify: apply each remedy brrr can apply to a copy of the model and measure it (verify.py); the results
+    are in `Analysis.verify` and on the advice items.  calibrate: correct predictions by what earlier
+    verifications on this device measured (calibration.py).
     """
     step = Step(model, inputs, train)
     device = resolve_device(model, inputs, device)
@@ -194,8 +202,16 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
 
         stage("classify")
         with gc_paused():  # thousands of small objects per analysis: no collection in the middle of them
-            return Analysis.from_measurements(records, ceilings, wall, busy, train=train,
-                                              tf32_enabled=_tf32_enabled(device))
+            analysis = Analysis.from_measurements(records, ceilings, wall, busy, train=train,
+                                                  tf32_enabled=_tf32_enabled(device))
+    table = calibration.load_table(analysis.device) if calibrate else {}
+    calibration.calibrate_advice(analysis.advice, table, analysis.wall_time_s)
+    if verify:  # after the stage bar: rich shows one live display at a time
+        from brrr.analyze.verify import verify as verify_remedies
+
+        verify_remedies(analysis, model, inputs, train=train, device=device, progress=progress, table=table,
+                        record=calibrate)
+    return analysis
 
 
 make_callable(__name__, analyze)
