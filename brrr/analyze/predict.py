@@ -9,8 +9,8 @@ figures; advise.py quotes the same figures, so advice and its verification agree
   (elementwise, normalization) as fused kernels. Ops join a kernel along producer -> consumer edges of one
   phase when every reader of the producer in that phase is memory-bound too (`compiler_groups`); a kernel
   moves its ops' bytes less the intermediates it keeps in registers (advise.fusion_bytes_saved) at
-  FUSED_BANDWIDTH_FRACTION of the copy bandwidth, and takes no less than its shortest op did and no more
-  than its ops did. That is the device time; op times are scaled to the plain step's busy time first (as
+  FUSED_BANDWIDTH_FRACTION of the copy bandwidth, and takes no less than the step's shortest kernel and no
+  more than its ops did. That is the device time; op times are scaled to the plain step's busy time first (as
   regimes.run_split does). The host launches each kernel at the measured launch latency, views cost nothing,
   and each compiled graph call pays COMPILED_CALL_S (Dynamo's guards, AOTAutograd's wrapper); the step takes
   the longer of the two. `brrr.compile`'s default replays a graph where that is faster, so its prediction is
@@ -104,10 +104,12 @@ def compiled_program(records, ceilings, wall_time_s, busy_time_s):
     device = sum(r.time_s for r in records if r.index not in grouped) * scale
     launches = sum(1 for r in records if r.index not in grouped and launches_kernel(r)) + len(groups)
     bandwidth = ceilings.bandwidth * FUSED_BANDWIDTH_FRACTION
+    # no kernel runs shorter than the step's shortest one did (a launch's fixed device cost)
+    shortest = min((r.time_s for r in records if r.time_s > 0 and launches_kernel(r)), default=0.0) * scale
     for group in groups:
         eager = sum(r.time_s for r in group) * scale
         moved = sum(r.bytes for r in group) - fusion_bytes_saved(group)
-        fused = max(moved / bandwidth if bandwidth > 0 else 0.0, min(r.time_s for r in group) * scale)
+        fused = max(moved / bandwidth if bandwidth > 0 else 0.0, shortest)
         device += min(eager, fused)
     return device, launches
 
