@@ -46,9 +46,15 @@ class Prediction:
     kind: str
     step_s: float     # predicted step time, seconds, for the current batch
     how: str          # what the figure is built from, in one line
+    wall_share: float = 0.0   # d(step_s) / d(wall time): 1 for "the step as analyzed, less a saving", 0 for a
+                              # figure built from device time and launches alone
+
+    def at_wall(self, analyzed_wall_s, wall_s):
+        """The prediction had the step as analyzed taken `wall_s` instead of `analyzed_wall_s`."""
+        return max(self.step_s + self.wall_share * (wall_s - analyzed_wall_s), 0.0)
 
     def to_dict(self):
-        return {"kind": self.kind, "step_s": self.step_s, "how": self.how}
+        return {"kind": self.kind, "step_s": self.step_s, "how": self.how, "wall_share": self.wall_share}
 
 
 def launches_kernel(record):
@@ -150,15 +156,17 @@ def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=Fals
         if priced is not None:
             old, new, n = priced
             preds[key] = Prediction(key, max(wall - (old - new), 0.0),
-                                    f"{n} fp32 matmul-family ops: {old * 1e3:.3g} -> {new * 1e3:.3g} ms")
+                                    f"{n} fp32 matmul-family ops: {old * 1e3:.3g} -> {new * 1e3:.3g} ms", 1.0)
         else:
-            preds[key] = Prediction(key, wall, "no fp32 matmul-family op to speed up (or the mode is on): no change")
+            preds[key] = Prediction(key, wall, "no fp32 matmul-family op to speed up (or the mode is on): no change",
+                                    1.0)
     conv_saved = _channels_last_seconds(records) * _time_scale(records, wall, busy_time_s)
     if any("convolution" in r.name for r in records):
         preds["channels-last"] = Prediction("channels-last", max(wall - conv_saved, 0.0),
                                             f"convolutions {conv_saved * 1e3:.3g} ms faster at the step's best "
-                                            f"fraction of the matmul roof")
+                                            f"fraction of the matmul roof", 1.0)
     work = split["compute"] + split["bandwidth"]
     preds["batch"] = Prediction("batch", (wall + work) / 2,
-                                f"twice the batch costs one more busy time ({work * 1e3:.3g} ms), per current batch")
+                                f"twice the batch costs one more busy time ({work * 1e3:.3g} ms), per current batch",
+                                0.5)
     return preds

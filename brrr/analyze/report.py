@@ -118,6 +118,7 @@ def analysis_dict(analysis):
 # --- verification (verify.py) -------------------------------------------------------------------------------
 
 VERIFY_COLUMNS = ["remedy", "predicted", "measured", "saving", "error", "compile", "verdict"]
+DRIFT_NOTE = 0.25   # a re-timed baseline this far from the analyzed wall time gets a note
 VERDICTS = {"gain": "gain", "loss": "LOSS", "failed": "failed", "not applicable": "n/a"}
 
 
@@ -145,6 +146,10 @@ def verify_notes(analysis):
     notes.append(f"Each remedy ran on a copy of the model; baseline {fmt_seconds(verify['baseline_s'])} re-timed "
                  f"(analyzed {fmt_seconds(verify['analyzed_wall_s'])}). Error: (predicted - measured) / measured. "
                  "Compile time is the warm-up's extra time, not in the step. A LOSS is not advised.")
+    baseline, analyzed = verify["baseline_s"], verify["analyzed_wall_s"]
+    if analyzed > 0 and abs(baseline - analyzed) > DRIFT_NOTE * analyzed:
+        notes.append(f"The step re-timed at {fmt_seconds(baseline)} is not the {fmt_seconds(analyzed)} analyzed (a "
+                     "cold or busy host): the analysis' split and predictions are less sure.")
     if any(row["calibrated_from"] for row in verify["remedies"]):
         notes.append("* calibrated by earlier measurements on this device")
     return notes

@@ -9,9 +9,9 @@ compile time, kept apart from the step time), then is timed as the analyzer time
 timed the same way first, as the baseline every remedy is judged against. Global settings a remedy changes
 (TF32 flags, autocast) are restored after it; a remedy that raises is reported as failed with its reason.
 
-Per remedy: the predicted step time (predict.py, calibrated where calibration.py has measured that kind;
-scaled by baseline / analyzed wall time, since the prediction is relative to the step as analyzed), the
-measured one, the saving against the baseline, and the prediction's error, (predicted - measured) /
+Per remedy: the predicted step time (predict.py, calibrated where calibration.py has measured that kind; a
+prediction built on the analyzed wall time, such as "the step less a saving", moves with the baseline's
+difference from it: `Prediction.at_wall`), the measured one, the saving against the baseline, and the prediction's error, (predicted - measured) /
 measured. A remedy that measured no faster than the baseline is a loss: its advice (and, for "compile", the
 fusion advice that says brrr.compile does it) is dropped from the analysis' advice. Each measurement is
 recorded in the calibration table (measured / uncalibrated predicted).
@@ -276,10 +276,9 @@ def _verify_one(remedy, target, analysis, baseline_s, table):
     prediction = analysis.predictions.get(remedy.kind)
     row = Row(remedy.kind, remedy.label, "failed")
     if prediction is not None:
-        # predictions are relative to the analyzed wall time (the faster of two steps); the baseline re-timed
-        # here, the fastest of several, is what the measurement is compared with: the prediction follows it
-        scale = baseline_s / analysis.wall_time_s if analysis.wall_time_s > 0 else 1.0
-        row.predicted_uncalibrated_s = prediction.step_s * scale
+        # a prediction built on the analyzed wall time (the faster of two steps) follows the baseline re-timed
+        # here (the fastest of several), which the measurement is compared with
+        row.predicted_uncalibrated_s = prediction.at_wall(analysis.wall_time_s, baseline_s)
         row.predicted_s, row.calibrated_from = calibration.calibrated_step(table, remedy.kind,
                                                                            row.predicted_uncalibrated_s)
         row.predicted_saving_s = baseline_s - row.predicted_s

@@ -77,6 +77,10 @@ def test_predictions_per_remedy():
     for item in precision_advice(records, ceilings, tf32_enabled=False):
         assert preds[item["kind"]].step_s == pytest.approx(wall - item["predicted_saving_s"])
     assert "channels-last" not in preds  # no convolution
+    # re-timed at another wall time, a prediction moves as much as it was built on the wall time
+    assert preds["batch"].at_wall(wall, wall + 1e-4) == pytest.approx(preds["batch"].step_s + 0.5e-4)
+    assert preds["bf16"].at_wall(wall, wall + 1e-4) == pytest.approx(preds["bf16"].step_s + 1e-4)
+    assert preds["compile"].at_wall(wall, wall + 1e-4) == preds["compile"].step_s
     cpu = predict_steps(records, make_ceilings(kind="cpu"), split, wall, busy, tf32_enabled=False)
     assert "cuda-graphs" not in cpu and "tf32" not in cpu and cpu["compile"].step_s == cpu["inductor"].step_s
 
