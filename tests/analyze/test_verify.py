@@ -179,3 +179,19 @@ def test_a_later_analysis_is_calibrated_by_the_table_and_says_so(mlp_target, mon
             assert item["predicted_step_s"] == pytest.approx(2.0 * item["predicted_step_uncalibrated_s"])
             assert item["predicted_saving_s"] == pytest.approx(
                 max(calibrated.wall_time_s - item["predicted_step_s"], 0.0))
+
+
+def test_the_cli_passes_verify_to_analyze(monkeypatch, tmp_path):
+    import brrr
+    from brrr.cli import main
+    from brrr.errors import BrrrError
+
+    seen = {}
+
+    def fake_analyze(model, *inputs, **options):
+        seen.update(options)
+        raise BrrrError("stop here")
+
+    monkeypatch.setattr(brrr, "analyze", fake_analyze)
+    assert main(["analyze", "--example", "mlp", "--device", "cpu", "--batch", "4", "--verify"]) == 2
+    assert seen["verify"] is True
