@@ -37,8 +37,10 @@ def cmd_analyze(args):
     from brrr.target import load_target
 
     # one analysis, then the process ends: releasing CUPTI afterwards (what the API does, so that later steps
-    # in the process run at full speed) would only cost time here. The user's own setting wins.
-    os.environ.setdefault("TEARDOWN_CUPTI", "0")
+    # in the process run at full speed) would only cost time here, unless --verify times steps after it.
+    # The user's own setting wins.
+    if not args.verify:
+        os.environ.setdefault("TEARDOWN_CUPTI", "0")
     model, inputs, device, _ = load_target(args.target, args.example, args.device, args.dtype, args.batch)
     analysis = brrr.analyze(model, *inputs, train=args.train, device=device, progress=True, verify=args.verify)
     console = _console()

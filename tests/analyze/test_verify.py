@@ -2,6 +2,7 @@
 losses never advised; the measurements feed the calibration table."""
 
 import io
+import os
 import json
 import time
 
@@ -47,6 +48,8 @@ def test_verify_on_the_seed_mlp_predicts_and_measures_every_applicable_remedy(ve
     # compiling happens in the warm-up and is reported apart from the step; eager remedies compile nothing
     assert rows["compile"]["compile_s"] > 0 and rows["inductor"]["compile_s"] > 0
     assert rows["bf16"]["compile_s"] is None and rows["batch"]["compile_s"] is None
+    # the baseline is the faster of the model as analyzed timed before and after the remedies
+    assert analysis.verify["baseline_s"] == min(analysis.verify["baseline_runs_s"])
 
 
 def test_verify_is_in_the_json_the_terminal_report_and_the_html(verified_mlp, tmp_path):
@@ -93,7 +96,7 @@ class SleepyCompile(Remedy):
     kind, label = "compile", "a compile that sleeps"
 
     def prepare(self, model, inputs, target):
-        return Prepared(Slowed(model, 0.02), inputs, warmup_calls=1)
+        return Prepared(Slowed(model, 0.05), inputs, warmup_calls=1)
 
 
 class RaisingRemedy(Remedy):
@@ -120,7 +123,7 @@ def test_a_remedy_that_measures_slower_is_a_loss_and_is_not_advised(fresh_mlp_an
     model, inputs = mlp_target
     verify(analysis, model, inputs, remedies=[SleepyCompile()], table={}, record=False)
     [row] = analysis.verify["remedies"]
-    assert row["status"] == "loss" and row["measured_s"] >= 0.02
+    assert row["status"] == "loss" and row["measured_s"] >= 0.05
     assert row["saving_s"] < 0 and row["prediction_error"] < 0
     assert [a["kind"] for a in analysis.advice] == ["bf16"]  # compile and its fusion advice are gone
     out = io.StringIO()
@@ -193,5 +196,8 @@ def test_the_cli_passes_verify_to_analyze(monkeypatch, tmp_path):
         raise BrrrError("stop here")
 
     monkeypatch.setattr(brrr, "analyze", fake_analyze)
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
     assert main(["analyze", "--example", "mlp", "--device", "cpu", "--batch", "4", "--verify"]) == 2
     assert seen["verify"] is True
+    # the remedies are timed after the analysis: CUPTI must not stay attached, slowing every launch
+    assert "TEARDOWN_CUPTI" not in os.environ
