@@ -231,7 +231,9 @@ def print_report(analysis, console, top=15):
                 for a in analysis.advice]
         console.print(_table("Advice", ["kind", "saves", "what"], rows, right={"saves"}, wrap={"what"}))
     else:
-        console.print("No advice: nothing fusible, no fp32 matmuls to speed up, overhead is small.")
+        lost = analysis.verify and any(row["status"] == "loss" for row in analysis.verify["remedies"])
+        console.print("No advice: what was advised measured no faster (see above)." if lost else
+                      "No advice: nothing fusible, no fp32 matmuls to speed up, overhead is small.")
 
 
 # --- roofline plot ------------------------------------------------------------------------------------------------
