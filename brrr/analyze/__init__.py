@@ -14,12 +14,12 @@ The pipeline, one module per stage:
 """
 
 import statistics
-from contextlib import contextmanager
 
 import torch
 
 from brrr.analyze import calibration
 from brrr.analyze.analysis import Analysis
+from brrr.analyze.progress import step_bar
 from brrr.callable_package import make_callable
 from brrr.analyze.capture import OUTSIDE_MODEL, OpRecord, gc_paused, record_step, step_range, trace_names
 from brrr.analyze.replay import expected_ops, match_ops, model_state, span_seconds
@@ -37,26 +37,9 @@ REPLAY_DEVICES = ("cuda",)  # where a step traced before is timed without the tr
                             # views take host time too, and the replay times only the ops that launch kernels
 
 
-@contextmanager
 def _stage_bar(enabled, done=1):
     """A rich progress bar over STAGES (the first `done` already finished), or a no-op."""
-    if not enabled:
-        yield lambda name: None
-        return
-    from rich.progress import Progress
-
-    with Progress(transient=True) as bar:
-        task = bar.add_task("analyze", total=len(STAGES), completed=done)
-        started = [False]
-
-        def stage(name):
-            if started[0]:
-                bar.advance(task)
-            started[0] = True
-            bar.update(task, description=f"analyze: {name}")
-
-        yield stage
-        bar.advance(task)
+    return step_bar(enabled, "analyze", len(STAGES), done)
 
 
 def _tf32_enabled(device):

@@ -54,8 +54,17 @@ def fusion_groups(records):
     can run it. (A producer with several readers, like a layer norm feeding three projections and a
     residual add, would need those readers inside the kernel too.)
     """
+    def sole_reader(producer, consumer, by_index):
+        return producer.consumers == [consumer.index]
+
+    return [g for g in linked_groups(records, sole_reader) if len(g) > 1]
+
+
+def linked_groups(records, joins):
+    """Fusible ops (not compiled kernels) grouped along producer -> consumer edges of one phase for which
+    `joins(producer, consumer, by_index)` holds; every fusible op is in one group, alone or not."""
     by_index = {r.index: r for r in records}
-    parent = {}
+    parent = {r.index: r.index for r in records if r.op_class in FUSIBLE_CLASSES and not r.kernel}
 
     def find(i):
         while parent[i] != i:
@@ -64,19 +73,16 @@ def fusion_groups(records):
         return i
 
     for r in records:
-        if r.op_class in FUSIBLE_CLASSES:
-            parent[r.index] = r.index
-    for r in records:
         if r.index not in parent:
             continue
         for producer, _ in r.inputs_from:
             p = by_index.get(producer)
-            if p is not None and p.index in parent and p.phase == r.phase and p.consumers == [r.index]:
+            if p is not None and p.index in parent and p.phase == r.phase and joins(p, r, by_index):
                 parent[find(r.index)] = find(p.index)
     groups = {}
     for i in parent:
         groups.setdefault(find(i), []).append(by_index[i])
-    return [sorted(g, key=lambda r: r.index) for g in groups.values() if len(g) > 1]
+    return [sorted(g, key=lambda r: r.index) for g in groups.values()]
 
 
 def fusion_bytes_saved(group):

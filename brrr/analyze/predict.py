@@ -30,7 +30,7 @@ kind from earlier measurements; the figures here are the uncalibrated ones.
 
 from dataclasses import dataclass
 
-from brrr.analyze.advise import FUSIBLE_CLASSES, fusion_bytes_saved, precision_seconds
+from brrr.analyze.advise import FUSIBLE_CLASSES, fusion_bytes_saved, linked_groups, precision_seconds
 
 REMEDY_KINDS = ("compile", "cuda-graphs", "inductor", "bf16", "tf32", "channels-last", "batch")
 
@@ -69,30 +69,11 @@ def compiler_groups(records):
     phase is memory-bound: one kernel can then compute them all, the producer's value in registers. Readers
     in the other phase (a forward activation the backward reads) only force its write, which
     fusion_bytes_saved already keeps."""
-    by_index = {r.index: r for r in records}
-    fusible = {r.index for r in records if r.op_class in FUSIBLE_CLASSES and not r.kernel}
-    parent = {i: i for i in fusible}
+    def all_readers_fuse(producer, consumer, by_index):
+        readers = [by_index[c] for c in producer.consumers if c in by_index]
+        return all(c.op_class in FUSIBLE_CLASSES and not c.kernel for c in readers if c.phase == producer.phase)
 
-    def find(i):
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for r in records:
-        if r.index not in fusible:
-            continue
-        for producer, _ in r.inputs_from:
-            p = by_index.get(producer)
-            if p is None or p.index not in fusible or p.phase != r.phase:
-                continue
-            readers = [by_index[c] for c in p.consumers if c in by_index and by_index[c].phase == p.phase]
-            if all(c.index in fusible for c in readers):
-                parent[find(r.index)] = find(p.index)
-    groups = {}
-    for i in fusible:
-        groups.setdefault(find(i), []).append(by_index[i])
-    return [sorted(g, key=lambda r: r.index) for g in groups.values()]
+    return linked_groups(records, all_readers_fuse)
 
 
 def _time_scale(records, wall_time_s, busy_time_s):

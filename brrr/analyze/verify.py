@@ -25,11 +25,12 @@ import gc
 import statistics
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from brrr.analyze import calibration
+from brrr.analyze.progress import step_bar
 from brrr.analyze.step import Step
 from brrr.analyze.timing import dynamo_frames_compiled, timed_runs
 from brrr.cost.device import synchronize
@@ -310,26 +311,6 @@ def _judge(row, analysis, baseline_s, table):
     return row
 
 
-@contextmanager
-def _remedy_bar(enabled, total):
-    if not enabled:
-        yield lambda label: None
-        return
-    from rich.progress import Progress
-
-    with Progress(transient=True) as bar:
-        task = bar.add_task("verify", total=total)
-        started = [False]
-
-        def next_remedy(label):
-            if started[0]:
-                bar.advance(task)
-            started[0] = True
-            bar.update(task, description=f"verify: {label}")
-
-        yield next_remedy
-
-
 def _apply_verdicts(advice, rows):
     """Measurements onto the advice of the same kind; a loss's advice dropped (for compile, fusion too)."""
     by_kind = {row.kind: row for row in rows if row.status in ("gain", "loss")}
@@ -364,7 +345,7 @@ def verify(analysis, model, inputs, train=False, device=None, remedies=None, pro
     table = calibration.load_table(analysis.device) if table is None else table
     target = Target(model, tuple(inputs), train, torch.device(device))
     rows = []
-    with _remedy_bar(progress, len(remedies) + 2) as next_remedy:
+    with step_bar(progress, "verify", len(remedies) + 2) as next_remedy:
         next_remedy("the model as analyzed")
         baseline = Prepared(model, target.inputs, warmup_calls=1)
         before, _ = measure(baseline, train, target.device)
