@@ -186,6 +186,9 @@ PRECISION_MODES = {  # key -> (byte scale of the operands, how to turn it on)
 }
 
 
+CUBLAS_MATMULS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "matmul", "_addmm_activation")
+
+
 def _fp32_contractions(records):
     """fp32 matmul-family ops that are not launch-bound: a faster roof does not shorten a launch."""
     return [r for r in records if r.contraction and r.dtype == torch.float32 and r.flops > 0
@@ -204,6 +207,8 @@ def precision_seconds(records, ceilings, key, tf32_enabled=None):
     ratio of its roofline floors at the measured rates; None when there are none, `key` is the current mode,
     its rate is unknown, or it is TF32 off CUDA (an NVIDIA tensor-core mode)."""
     fp32_ops = _fp32_contractions(records)
+    if key == "tf32":  # the matmul precision setting reaches cuBLAS, not attention kernels or convolutions
+        fp32_ops = [r for r in fp32_ops if short_name(r.name) in CUBLAS_MATMULS]
     current_key, current_rate = _current_mode(ceilings, tf32_enabled)
     rate = ceilings.matmul.get(key) or 0.0
     if not fp32_ops or key == current_key or rate <= 0 or (key == "tf32" and ceilings.kind != "cuda"):

@@ -115,3 +115,16 @@ def test_calibration_table_keeps_the_latest_ratios_and_corrects_by_their_median(
     assert "calibrated from 3 measurements" in compile_item["message"]
     (tmp_path / "calibration-gpu-z.json").write_text("not json")
     assert load_table("GPU Z") == {}
+
+
+def test_tf32_reaches_cublas_matmuls_only_while_bf16_autocast_reaches_every_contraction():
+    from brrr.analyze.advise import precision_seconds
+
+    records = [make_record(0, "contraction", name="aten.mm.default", flops=10**9, bytes_read=MB, time_s=1e-4,
+                           regime="compute"),
+               make_record(1, "contraction", name="aten._scaled_dot_product_efficient_attention.default",
+                           flops=10**9, bytes_read=MB, time_s=1e-4, regime="compute")]
+    ceilings = make_ceilings()
+    assert precision_seconds(records, ceilings, "tf32", tf32_enabled=False)[2] == 1
+    assert precision_seconds(records, ceilings, "bf16", tf32_enabled=False)[2] == 2
+    assert precision_seconds(records, ceilings, "tf32", tf32_enabled=True) is None  # on already
