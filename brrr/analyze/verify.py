@@ -12,10 +12,11 @@ timed the same way before and after the remedies; the faster is the baseline eve
 
 Per remedy: the predicted step time (predict.py, calibrated where calibration.py has measured that kind; a
 prediction built on the analyzed wall time, such as "the step less a saving", moves with the baseline's
-difference from it: `Prediction.at_wall`), the measured one, the saving against the baseline, and the prediction's error, (predicted - measured) /
-measured. A remedy that measured no faster than the baseline is a loss: its advice (and, for "compile", the
-fusion advice that says brrr.compile does it) is dropped from the analysis' advice. Each measurement is
-recorded in the calibration table (measured / uncalibrated predicted).
+difference from it: `Prediction.at_wall`), the measured one, the saving against the baseline, and the
+prediction's error, (predicted - measured) / measured. A remedy that measured no faster than the baseline is
+a loss: its advice (and, for "compile", the fusion advice that says brrr.compile does it) is dropped from
+the analysis' advice. Each measurement is recorded in the calibration table (measured / uncalibrated
+predicted).
 
 The doubled batch is measured and predicted per current batch (the doubled step's time over two).
 """
