@@ -17,8 +17,9 @@ figures; advise.py quotes the same figures, so advice and its verification agree
   the lesser of the launched and the replayed one (on CUDA).
 - "cuda-graphs" (`brrr.compile(model, cuda_graphs=True)`): the compiled device time plus one replay launch and
   the call's cost: no launch gaps.
-- "tf32", "bf16" (`torch.autocast`): the fp32 matmul-family ops that are not launch-bound scaled by the ratio
-  of their roofline floors at the measured rates (advise.precision_seconds); everything else unchanged.
+- "tf32", "bf16" (`torch.autocast`): the fp32 matmul-family ops that are not launch-bound (for TF32 only the
+  cuBLAS matmuls) scaled by the ratio of their roofline floors at the measured rates
+  (advise.precision_seconds); everything else unchanged.
 - "channels-last": each convolution at most its roofline floor over the best fraction of roof any
   contraction of the step reached (NCHW convolutions pay layout transposes inside cuDNN); the rest unchanged.
 - "batch" (the batch doubled): overhead is per step, not per sample, so twice the batch costs one more busy
