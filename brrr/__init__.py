@@ -1,7 +1,7 @@
 """brrr: diagnose where a PyTorch model's time goes, and fix it with a fusing compiler.
 
 Public API (imports are lazy so `import brrr` stays cheap):
-    brrr.analyze(model, *inputs, train=False) -> Analysis        (brrr/analyze)
+    brrr.analyze(model, *inputs, train=False, verify=False) -> Analysis   (brrr/analyze)
     brrr.compile(model, **options)            -> compiled model  (brrr/compile)
     brrr.explain(fn_or_model, *inputs)        -> Explanation     (brrr/compile/explain.py)
     brrr.bench(model, *inputs, backends=...)  -> BenchResult     (brrr/bench)
@@ -11,10 +11,10 @@ __version__ = "0.1.0"
 __all__ = ["analyze", "compile", "explain", "bench", "__version__"]
 
 
-def analyze(model, *inputs, train=False, device=None, progress=False):
+def analyze(model, *inputs, train=False, device=None, progress=False, **options):
     from brrr.analyze import analyze as _analyze
 
-    return _analyze(model, *inputs, train=train, device=device, progress=progress)
+    return _analyze(model, *inputs, train=train, device=device, progress=progress, **options)
 
 
 def compile(model, **options):

@@ -1,6 +1,7 @@
 """The `brrr` command: a thin argparse layer over the public API.
 
-    brrr analyze FILE.py:FUNC | --example mlp   [--train --device --dtype --json --png --html --trace]
+    brrr analyze FILE.py:FUNC | --example mlp   [--train --device --dtype --json --png --html --trace
+                                                 --verify]
     brrr ceilings [--refresh] [--device] [--json]
     brrr experiment repeat|overhead [--backend] [--png --json]
     brrr explain FILE.py:FUNC | --example mlp   [--train --device --dtype]
@@ -37,10 +38,12 @@ def cmd_analyze(args):
     from brrr.target import load_target
 
     # one analysis, then the process ends: releasing CUPTI afterwards (what the API does, so that later steps
-    # in the process run at full speed) would only cost time here. The user's own setting wins.
-    os.environ.setdefault("TEARDOWN_CUPTI", "0")
+    # in the process run at full speed) would only cost time here, unless --verify times steps after it.
+    # The user's own setting wins.
+    if not args.verify:
+        os.environ.setdefault("TEARDOWN_CUPTI", "0")
     model, inputs, device, _ = load_target(args.target, args.example, args.device, args.dtype, args.batch)
-    analysis = brrr.analyze(model, *inputs, train=args.train, device=device, progress=True)
+    analysis = brrr.analyze(model, *inputs, train=args.train, device=device, progress=True, verify=args.verify)
     console = _console()
     analysis.print(console)
     for path, save in ((args.json, analysis.save_json), (args.png, analysis.save_png), (args.html, analysis.save_html),
@@ -112,6 +115,9 @@ def build_parser():
     p.add_argument("--png", help="write the roofline plot")
     p.add_argument("--html", help="write a self-contained HTML report")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace of the analyzed step (open in ui.perfetto.dev)")
+    p.add_argument("--verify", action="store_true",
+                   help="apply each remedy (compile, CUDA graphs, TF32, bf16, ...) to a copy of the model and "
+                        "measure it beside its prediction")
     p.set_defaults(run=cmd_analyze)
 
     p = sub.add_parser("ceilings", help="measure (or show cached) bandwidth, matmul rates and launch latency")

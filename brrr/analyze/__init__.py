@@ -7,17 +7,21 @@ The pipeline, one module per stage:
     timing.py    torch.profiler: per-op device (CUDA) or host (CPU) time, wall time, device busy time
     kernels.py   kernels compiled code launched outside the ops, priced from brrr's kernel registry
     regimes.py   roofline floor and regime per op / module / run; the op-class table
+    predict.py   one predicted step time per remedy brrr can apply (compile, CUDA graphs, TF32, ...)
     advise.py    fusion, overhead and precision advice, each with a predicted saving
+    calibration.py  per device and remedy kind, how far off predictions were: the correction applied
+    verify.py    (verify=True) each remedy applied to a copy of the model and measured
     report.py    terminal, JSON, roofline PNG and HTML renderings of the Analysis (analysis.py)
     trace.py     Chrome/Perfetto trace of the analyzed step
 """
 
 import statistics
-from contextlib import contextmanager
 
 import torch
 
+from brrr.analyze import calibration
 from brrr.analyze.analysis import Analysis
+from brrr.analyze.progress import step_bar
 from brrr.callable_package import make_callable
 from brrr.analyze.capture import OpRecord, gc_paused, record_step, step_range, trace_names
 from brrr.analyze.kernels import kernel_records
@@ -37,26 +41,9 @@ REPLAY_DEVICES = ("cuda",)  # where a step traced before is timed without the tr
                             # views take host time too, and the replay times only the ops that launch kernels
 
 
-@contextmanager
 def _stage_bar(enabled, done=1):
     """A rich progress bar over STAGES (the first `done` already finished), or a no-op."""
-    if not enabled:
-        yield lambda name: None
-        return
-    from rich.progress import Progress
-
-    with Progress(transient=True) as bar:
-        task = bar.add_task("analyze", total=len(STAGES), completed=done)
-        started = [False]
-
-        def stage(name):
-            if started[0]:
-                bar.advance(task)
-            started[0] = True
-            bar.update(task, description=f"analyze: {name}")
-
-        yield stage
-        bar.advance(task)
+    return step_bar(enabled, "analyze", len(STAGES), done)
 
 
 def _tf32_enabled(device):
@@ -140,13 +127,17 @@ def _record_timeline(timeline, ops):
     return [(s.track, s.start_ns, s.end_ns, s.op if s.op is not None else ops + s.kernel, s.name) for s in timeline]
 
 
-def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=None, profile_runs=None):
+def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=None, profile_runs=None,
+            verify=False, calibrate=True):
     """Capture, time and classify every op of one step of `model(*inputs)`; returns an Analysis.
 
     train: a forward+backward step instead of inference.  device: where the step runs (default: the
     inputs' device).  ceilings: a Ceilings to use instead of the measured/cached ones of `device`.
     profile_runs: profiled steps whose per-op times are combined by median (default: 1 on CUDA, where
     kernel times repeat closely, 3 on CPU, where host times are noisy).
+    verify: apply each remedy brrr can apply to a copy of the model and measure it (verify.py); the results
+    are in `Analysis.verify` and on the advice items.  calibrate: correct predictions by what earlier
+    verifications on this device measured (calibration.py).
     """
     step = Step(model, inputs, train)
     device = resolve_device(model, inputs, device)
@@ -199,9 +190,17 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
 
         stage("classify")
         with gc_paused():  # thousands of small objects per analysis: no collection in the middle of them
-            return Analysis.from_measurements(records, ceilings, wall, busy, train=train,
-                                              tf32_enabled=_tf32_enabled(device),
-                                              timeline=_record_timeline(timeline, ops))
+            analysis = Analysis.from_measurements(records, ceilings, wall, busy, train=train,
+                                                  tf32_enabled=_tf32_enabled(device),
+                                                  timeline=_record_timeline(timeline, ops))
+    table = calibration.load_table(analysis.device) if calibrate else {}
+    calibration.calibrate_advice(analysis.advice, table, analysis.wall_time_s)
+    if verify:  # after the stage bar: rich shows one live display at a time
+        from brrr.analyze.verify import verify as verify_remedies
+
+        verify_remedies(analysis, model, inputs, train=train, device=device, progress=progress, table=table,
+                        record=calibrate)
+    return analysis
 
 
 make_callable(__name__, analyze)

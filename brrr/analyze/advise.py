@@ -16,6 +16,7 @@ FUSIBLE_CLASSES = ("elementwise", "normalization")
 MAX_FUSE_ITEMS = 5                # the largest fusion groups get an item each; the rest one summary item
 OVERHEAD_ADVICE_FRACTION = 0.3    # overhead advice when overhead holds at least this share of the wall time
 MIN_FUSE_BYTES = 1024             # smaller savings are scalars (a loss, a gradient seed), not worth a line
+STEP_KINDS = ("cuda-graphs", "compile", "batch", "tf32", "bf16")  # advice whose whole step brrr can measure
 FASTER_MODE_MARGIN = 1.2          # a precision mode must be this much faster than the current one to advise it
 
 
@@ -53,8 +54,17 @@ def fusion_groups(records):
     can run it. (A producer with several readers, like a layer norm feeding three projections and a
     residual add, would need those readers inside the kernel too.)
     """
+    def sole_reader(producer, consumer, by_index):
+        return producer.consumers == [consumer.index]
+
+    return [g for g in linked_groups(records, sole_reader) if len(g) > 1]
+
+
+def linked_groups(records, joins):
+    """Fusible ops (not compiled kernels) grouped along producer -> consumer edges of one phase for which
+    `joins(producer, consumer, by_index)` holds; every fusible op is in one group, alone or not."""
     by_index = {r.index: r for r in records}
-    parent = {}
+    parent = {r.index: r.index for r in records if r.op_class in FUSIBLE_CLASSES and not r.kernel}
 
     def find(i):
         while parent[i] != i:
@@ -63,19 +73,16 @@ def fusion_groups(records):
         return i
 
     for r in records:
-        if r.op_class in FUSIBLE_CLASSES:
-            parent[r.index] = r.index
-    for r in records:
         if r.index not in parent:
             continue
         for producer, _ in r.inputs_from:
             p = by_index.get(producer)
-            if p is not None and p.index in parent and p.phase == r.phase and p.consumers == [r.index]:
+            if p is not None and p.index in parent and p.phase == r.phase and joins(p, r, by_index):
                 parent[find(r.index)] = find(p.index)
     groups = {}
     for i in parent:
         groups.setdefault(find(i), []).append(by_index[i])
-    return [sorted(g, key=lambda r: r.index) for g in groups.values() if len(g) > 1]
+    return [sorted(g, key=lambda r: r.index) for g in groups.values()]
 
 
 def fusion_bytes_saved(group):
@@ -118,22 +125,28 @@ def fusion_advice(records, ceilings, groups=None):
 
 # --- overhead -------------------------------------------------------------------------------------------------
 
-def overhead_advice(records, split, wall_time_s, busy_time_s, kind, fusion_items, groups=None):
-    """CUDA graphs, compiling and a larger batch, when overhead holds a large share of the step."""
+def overhead_advice(records, split, wall_time_s, busy_time_s, kind, fusion_items, groups=None, predictions=None):
+    """CUDA graphs, compiling and a larger batch, when overhead holds a large share of the step.
+
+    predictions: predict.predict_steps' figures; where given, the CUDA-graph and compile items quote them (the
+    figures `--verify` measures against) instead of the estimates here."""
     if wall_time_s <= 0 or split["overhead"] < OVERHEAD_ADVICE_FRACTION * wall_time_s:
         return []
     overhead = split["overhead"]
     idle = max(wall_time_s - min(busy_time_s, wall_time_s), 0.0)
     share = f"{overhead / wall_time_s:.0%} of the step ({overhead * 1e3:.3g} ms) is overhead"
     items = []
+    graph_saving = idle
+    if predictions and "cuda-graphs" in predictions:
+        graph_saving = wall_time_s - predictions["cuda-graphs"].step_s
     if kind == "cuda":
         items.append(advice_item(
             "cuda-graphs",
             f"{share}; the GPU idles {idle / wall_time_s:.0%} of the time waiting for launches. CUDA graphs "
             f"(brrr.compile(model) replays where it measures a gain, cuda_graphs=True always; torch.compile "
             f"mode=\"reduce-overhead\" or torch.cuda.graphs) "
-            f"replay the step's kernels in one launch: predicted step {(wall_time_s - idle) * 1e3:.3g} ms",
-            idle,
+            f"replay the step's kernels in one launch: predicted step {(wall_time_s - graph_saving) * 1e3:.3g} ms",
+            graph_saving,
         ))
     # Compiling removes the dispatch of every op it fuses away (views and fused groups), at the average
     # overhead per op, and the fused groups' traffic.
@@ -142,6 +155,8 @@ def overhead_advice(records, split, wall_time_s, busy_time_s, kind, fusion_items
     removed_ops += sum(len(group) - 1 for group in groups)
     per_op = overhead / len(records) if records else 0.0
     compile_saving = min(per_op * removed_ops + sum(a["predicted_saving_s"] for a in fusion_items), overhead)
+    if predictions and "compile" in predictions:
+        compile_saving = wall_time_s - predictions["compile"].step_s
     items.append(advice_item(
         "compile",
         f"{share}; torch.compile(model, backend=\"brrr\") removes {removed_ops} of {len(records)} op dispatches "
@@ -165,36 +180,62 @@ def _floor(flops, nbytes, peak, bandwidth):
     return max(flops / peak if peak > 0 else 0.0, nbytes / bandwidth if bandwidth > 0 else 0.0)
 
 
-def precision_advice(records, ceilings, tf32_enabled=None):
-    """tf32 / bf16 advice for fp32 contractions, each op's time scaled by the ratio of roofline floors.
+PRECISION_MODES = {  # key -> (byte scale of the operands, how to turn it on)
+    "tf32": (1.0, "torch.set_float32_matmul_precision(\"high\") (TF32 tensor cores, fp32 storage)"),
+    "bf16": (0.5, "torch.autocast(device_type, dtype=torch.bfloat16) (bf16 tensor cores, half the bytes)"),
+}
 
-    Overhead-regime ops are left out: a faster roof does not shorten a launch. TF32 is an NVIDIA
-    tensor-core mode, so on CPU only bf16 is considered (AMX and AVX512-BF16 machines)."""
+
+CUBLAS_MATMULS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "matmul", "_addmm_activation")
+
+
+def _fp32_contractions(records):
+    """fp32 matmul-family ops that are not launch-bound: a faster roof does not shorten a launch."""
+    return [r for r in records if r.contraction and r.dtype == torch.float32 and r.flops > 0
+            and r.regime != "overhead"]
+
+
+def _current_mode(ceilings, tf32_enabled):
     if tf32_enabled is None:
         tf32_enabled = torch.get_float32_matmul_precision() != "highest"
-    fp32_ops = [r for r in records if r.contraction and r.dtype == torch.float32 and r.flops > 0
-                and r.regime != "overhead"]
-    if not fp32_ops:
-        return []
-    current_key = "tf32" if tf32_enabled else "fp32"
-    current_rate = ceilings.matmul.get(current_key) or ceilings.vector_fp32
-    fp32_time = sum(r.time_s for r in fp32_ops)
-    candidates = [("tf32", 1.0, "torch.set_float32_matmul_precision(\"high\") (TF32 tensor cores, fp32 storage)")]
-    candidates.append(("bf16", 0.5, "torch.autocast(device_type, dtype=torch.bfloat16) (bf16 tensor cores, "
-                                    "half the bytes)"))
+    key = "tf32" if tf32_enabled else "fp32"
+    return key, ceilings.matmul.get(key) or ceilings.vector_fp32
+
+
+def precision_seconds(records, ceilings, key, tf32_enabled=None):
+    """(seconds now, seconds in mode `key`, ops) of the step's fp32 contractions, each op's time scaled by the
+    ratio of its roofline floors at the measured rates; None when there are none, `key` is the current mode,
+    its rate is unknown, or it is TF32 off CUDA (an NVIDIA tensor-core mode)."""
+    fp32_ops = _fp32_contractions(records)
+    if key == "tf32":  # the matmul precision setting reaches cuBLAS, not attention kernels or convolutions
+        fp32_ops = [r for r in fp32_ops if short_name(r.name) in CUBLAS_MATMULS]
+    current_key, current_rate = _current_mode(ceilings, tf32_enabled)
+    rate = ceilings.matmul.get(key) or 0.0
+    if not fp32_ops or key == current_key or rate <= 0 or (key == "tf32" and ceilings.kind != "cuda"):
+        return None
+    byte_scale = PRECISION_MODES[key][0]
+    new_time = 0.0
+    for r in fp32_ops:
+        old = _floor(r.flops, r.bytes, current_rate, ceilings.bandwidth)
+        new = _floor(r.flops, r.bytes * byte_scale, rate, ceilings.bandwidth)
+        new_time += r.time_s * (new / old if old > 0 else 1.0)
+    return sum(r.time_s for r in fp32_ops), new_time, len(fp32_ops)
+
+
+def precision_advice(records, ceilings, tf32_enabled=None):
+    """tf32 / bf16 advice for fp32 contractions (precision_seconds), where the mode's measured rate is
+    FASTER_MODE_MARGIN above the current one. On CPU only bf16 is considered (AMX and AVX512-BF16 machines)."""
+    current_key, current_rate = _current_mode(ceilings, tf32_enabled)
     items = []
-    for key, byte_scale, how in candidates:
+    for key, (_, how) in PRECISION_MODES.items():
+        priced = precision_seconds(records, ceilings, key, tf32_enabled)
         rate = ceilings.matmul.get(key) or 0.0
-        if key == current_key or rate < FASTER_MODE_MARGIN * current_rate or (key == "tf32" and ceilings.kind != "cuda"):
+        if priced is None or rate < FASTER_MODE_MARGIN * current_rate:
             continue
-        new_time = 0.0
-        for r in fp32_ops:
-            old = _floor(r.flops, r.bytes, current_rate, ceilings.bandwidth)
-            new = _floor(r.flops, r.bytes * byte_scale, rate, ceilings.bandwidth)
-            new_time += r.time_s * (new / old if old > 0 else 1.0)
+        fp32_time, new_time, count = priced
         items.append(advice_item(
             key,
-            f"{len(fp32_ops)} fp32 matmul-family ops (not launch-bound) take {fp32_time * 1e3:.3g} ms at {current_key} "
+            f"{count} fp32 matmul-family ops (not launch-bound) take {fp32_time * 1e3:.3g} ms at {current_key} "
             f"({current_rate / 1e12:.3g} TFLOP/s measured); {how} runs them at {rate / 1e12:.3g} TFLOP/s: "
             f"predicted {new_time * 1e3:.3g} ms",
             fp32_time - new_time,
@@ -202,10 +243,14 @@ def precision_advice(records, ceilings, tf32_enabled=None):
     return items
 
 
-def advise(records, ceilings, split, wall_time_s, busy_time_s, tf32_enabled=None):
-    """All advice for one analyzed step, largest predicted saving first."""
+def advise(records, ceilings, split, wall_time_s, busy_time_s, tf32_enabled=None, predictions=None):
+    """All advice for one analyzed step, largest predicted saving first. An item of a kind brrr can apply
+    and measure (predict.REMEDY_KINDS) also carries `predicted_step_s`: the step time it predicts."""
     groups = fusion_groups(records)
     fusion = fusion_advice(records, ceilings, groups)
     items = fusion + precision_advice(records, ceilings, tf32_enabled)
-    items += overhead_advice(records, split, wall_time_s, busy_time_s, ceilings.kind, fusion, groups)
+    items += overhead_advice(records, split, wall_time_s, busy_time_s, ceilings.kind, fusion, groups, predictions)
+    for item in items:
+        if item["kind"] in STEP_KINDS:
+            item["predicted_step_s"] = max(wall_time_s - item["predicted_saving_s"], 0.0)
     return sorted(items, key=lambda a: -a["predicted_saving_s"])

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 
 from brrr.analyze import advise as advise_mod
+from brrr.analyze import predict as predict_mod
 from brrr.analyze import regimes as regimes_mod
 
 
@@ -27,6 +28,8 @@ class Analysis:
     modules: dict                # module path -> {"ops", "flops", "bytes", "time_s", "seconds", "regime"}
     advice: list = field(default_factory=list)
     timeline: list = None        # the traced run's slices (track, start_ns, end_ns, op index, name); trace.py
+    predictions: dict = field(default_factory=dict)  # remedy kind -> predict.Prediction (uncalibrated)
+    verify: dict | None = None   # verify.verify's measurements of the remedies, when run
 
     @classmethod
     def from_measurements(cls, records, ceilings, wall_time_s, busy_time_s=None, train=False, tf32_enabled=None,
@@ -36,12 +39,14 @@ class Analysis:
         if busy_time_s is None:
             busy_time_s = sum(r.time_s for r in records)
         split = regimes_mod.run_split(records, wall_time_s, busy_time_s)
-        advice = advise_mod.advise(records, ceilings, split, wall_time_s, busy_time_s, tf32_enabled)
+        predictions = predict_mod.predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train, tf32_enabled)
+        advice = advise_mod.advise(records, ceilings, split, wall_time_s, busy_time_s, tf32_enabled, predictions)
         return cls(
             device=ceilings.device, kind=ceilings.kind, train=train, ops=records, ceilings=ceilings,
             wall_time_s=wall_time_s, busy_time_s=busy_time_s, regimes=split,
             regime=regimes_mod.dominant_regime(split), op_classes=regimes_mod.op_class_table(records),
             modules=regimes_mod.module_regimes(records), advice=advice, timeline=timeline,
+            predictions=predictions,
         )
 
     def to_dict(self):

@@ -112,7 +112,48 @@ def analysis_dict(analysis):
         "ops": [op_dict(op) for op in analysis.ops],
         "regimes": {k: float(analysis.regimes[k]) for k in REGIMES}, "regime": analysis.regime,
         "op_classes": analysis.op_classes, "modules": analysis.modules, "advice": analysis.advice,
+        "predictions": {k: p.to_dict() for k, p in analysis.predictions.items()}, "verify": analysis.verify,
     })
+
+
+# --- verification (verify.py) -------------------------------------------------------------------------------
+
+VERIFY_COLUMNS = ["remedy", "predicted", "measured", "saving", "error", "compile", "verdict"]
+DRIFT_NOTE = 0.25   # a re-timed baseline this far from the analyzed wall time gets a note
+VERDICTS = {"gain": "gain", "loss": "LOSS", "failed": "failed", "not applicable": "n/a"}
+
+
+def fmt_signed_seconds(s):
+    return "-" if s is None else ("-" if s < 0 else "") + fmt_seconds(abs(s))
+
+
+def verify_rows(analysis):
+    """[remedy kind, predicted (* = calibrated), measured, saving, error, compile, verdict] per remedy."""
+    rows = []
+    for row in analysis.verify["remedies"]:
+        error = row["prediction_error"]
+        rows.append([row["kind"], fmt_seconds(row["predicted_s"]) + ("*" if row["calibrated_from"] else ""),
+                     fmt_seconds(row["measured_s"]), fmt_signed_seconds(row["saving_s"]),
+                     "-" if error is None else f"{100 * error:+.0f}%", fmt_seconds(row["compile_s"]),
+                     VERDICTS.get(row["status"], row["status"])])
+    return rows
+
+
+def verify_notes(analysis):
+    """One line per remedy that was not measured (why), then what the columns mean."""
+    verify = analysis.verify
+    notes = [f"{row['kind']}: {row['status']}: {row['reason']}" for row in verify["remedies"]
+             if row["status"] in ("failed", "not applicable")]
+    notes.append(f"Each remedy ran on a copy of the model; baseline {fmt_seconds(verify['baseline_s'])} re-timed "
+                 f"(analyzed {fmt_seconds(verify['analyzed_wall_s'])}). Error: (predicted - measured) / measured. "
+                 "Compile time is the warm-up's extra time, not in the step. A LOSS is not advised.")
+    baseline, analyzed = verify["baseline_s"], verify["analyzed_wall_s"]
+    if analyzed > 0 and abs(baseline - analyzed) > DRIFT_NOTE * analyzed:
+        notes.append(f"The step re-timed at {fmt_seconds(baseline)} is not the {fmt_seconds(analyzed)} analyzed (a "
+                     "cold or busy host): the analysis' split and predictions are less sure.")
+    if any(row["calibrated_from"] for row in verify["remedies"]):
+        notes.append("* calibrated by earlier measurements on this device")
+    return notes
 
 
 # --- terminal ---------------------------------------------------------------------------------------------------
@@ -181,12 +222,22 @@ def print_report(analysis, console, top=15):
             for cls, c in analysis.op_classes.items() if c["ops"]]
     console.print(_table("Operator classes (cf. BERT on A100: contraction 99.8% FLOPs / 61% runtime)",
                          ["class", "ops", "% FLOPs", "% runtime"], rows, right={"ops", "% FLOPs", "% runtime"}))
+    if analysis.verify:
+        rows = [[escape(c) for c in row] for row in verify_rows(analysis)]
+        for row in rows:
+            row[-1] = {"gain": "[green]gain[/]", "LOSS": "[red]LOSS[/]"}.get(row[-1], row[-1])
+        console.print(_table("Remedies applied and measured", VERIFY_COLUMNS, rows,
+                             right=set(VERIFY_COLUMNS[1:6])))
+        for note in verify_notes(analysis):
+            console.print(escape(note))
     if analysis.advice:
         rows = [[escape(a["kind"]), fmt_seconds(a["predicted_saving_s"]), escape(a["message"])]
                 for a in analysis.advice]
         console.print(_table("Advice", ["kind", "saves", "what"], rows, right={"saves"}, wrap={"what"}))
     else:
-        console.print("No advice: nothing fusible, no fp32 matmuls to speed up, overhead is small.")
+        lost = analysis.verify and any(row["status"] == "loss" for row in analysis.verify["remedies"])
+        console.print("No advice: what was advised measured no faster (see above)." if lost else
+                      "No advice: nothing fusible, no fp32 matmuls to speed up, overhead is small.")
 
 
 # --- roofline plot ------------------------------------------------------------------------------------------------
@@ -276,6 +327,9 @@ def html_report(analysis, top=25):
         _html_table("Top modules by time", MODULE_COLUMNS, module_rows(analysis, top=15)),
         _html_table("Operator classes", ["class", "ops", "% FLOPs", "% runtime"], class_rows),
         _html_table("Advice", ["kind", "saves", "what"], advice_rows),
-        "</body></html>\n",
     ]
+    if analysis.verify:
+        parts.append(_html_table("Remedies applied and measured", VERIFY_COLUMNS, verify_rows(analysis)))
+        parts.append("".join(f"<p>{html.escape(note)}</p>\n" for note in verify_notes(analysis)))
+    parts.append("</body></html>\n")
     return "".join(parts)

@@ -1,0 +1,154 @@
+"""Between regimes and advise (capture -> time -> regimes -> predict -> advise -> report): one predicted step
+time per remedy brrr can apply, from the measured ops, the regime split and the machine's ceilings.
+
+`brrr analyze --verify` (verify.py) applies each remedy to a copy of the model and measures it against these
+figures; advise.py quotes the same figures, so advice and its verification agree. How each is built:
+
+- "compile" (`brrr.compile(model)`) and "inductor" (`torch.compile(model)`): a fusing compiler keeps every
+  matmul, convolution and other ATen call at its measured time, and runs the memory-bound ops
+  (elementwise, normalization) as fused kernels. Ops join a kernel along producer -> consumer edges of one
+  phase when every reader of the producer in that phase is memory-bound too (`compiler_groups`); a kernel
+  moves its ops' bytes less the intermediates it keeps in registers (advise.fusion_bytes_saved) at
+  FUSED_BANDWIDTH_FRACTION of the copy bandwidth, and takes no less than the step's shortest kernel and no
+  more than its ops did. That is the device time; op times are scaled to the plain step's busy time first (as
+  regimes.run_split does). The host launches each kernel at the measured launch latency, views cost nothing,
+  and each compiled graph call pays COMPILED_CALL_S (Dynamo's guards, AOTAutograd's wrapper); the step takes
+  the longer of the two. `brrr.compile`'s default replays a graph where that is faster, so its prediction is
+  the lesser of the launched and the replayed one (on CUDA).
+- "cuda-graphs" (`brrr.compile(model, cuda_graphs=True)`): the compiled device time plus one replay launch and
+  the call's cost: no launch gaps.
+- "tf32", "bf16" (`torch.autocast`): the fp32 matmul-family ops that are not launch-bound (for TF32 only the
+  cuBLAS matmuls) scaled by the ratio of their roofline floors at the measured rates
+  (advise.precision_seconds); everything else unchanged.
+- "channels-last": each convolution at most its roofline floor over the best fraction of roof any
+  contraction of the step reached (NCHW convolutions pay layout transposes inside cuDNN); the rest unchanged.
+- "batch" (the batch doubled): overhead is per step, not per sample, so twice the batch costs one more busy
+  time: (wall + compute + bandwidth) / 2 per current batch.
+
+Every figure is a step time in seconds for the current batch. Calibration (calibration.py) corrects them per
+kind from earlier measurements; the figures here are the uncalibrated ones.
+"""
+
+from dataclasses import dataclass
+
+from brrr.analyze.advise import FUSIBLE_CLASSES, fusion_bytes_saved, linked_groups, precision_seconds
+
+REMEDY_KINDS = ("compile", "cuda-graphs", "inductor", "bf16", "tf32", "channels-last", "batch")
+
+# brrr's fused softmax and layer norm kernels reached 86-91% of copy bandwidth on the H100 (README)
+FUSED_BANDWIDTH_FRACTION = 0.85
+# host cost of one call of a compiled graph beyond its launches: Dynamo's guards and AOTAutograd's runtime
+# wrapper. An assumption (tens of microseconds on the H100 hosts), corrected by calibration where it matters
+COMPILED_CALL_S = 30e-6
+
+
+@dataclass(frozen=True)
+class Prediction:
+    kind: str
+    step_s: float     # predicted step time, seconds, for the current batch
+    how: str          # what the figure is built from, in one line
+    wall_share: float = 0.0   # d(step_s) / d(wall time): 1 for "the step as analyzed, less a saving", 0 for a
+                              # figure built from device time and launches alone
+
+    def at_wall(self, analyzed_wall_s, wall_s):
+        """The prediction had the step as analyzed taken `wall_s` instead of `analyzed_wall_s`."""
+        return max(self.step_s + self.wall_share * (wall_s - analyzed_wall_s), 0.0)
+
+    def to_dict(self):
+        return {"kind": self.kind, "step_s": self.step_s, "how": self.how, "wall_share": self.wall_share}
+
+
+def launches_kernel(record):
+    """Whether the op costs a launch: views and metadata ops (no FLOPs, no bytes) launch nothing."""
+    return record.kernel or bool(record.flops or record.bytes_read or record.bytes_written)
+
+
+def compiler_groups(records):
+    """Kernels a fusing compiler would make of the memory-bound ops: lists of records, singletons included.
+
+    A producer joins its consumer (same phase, both memory-bound) when every reader of the producer in that
+    phase is memory-bound: one kernel can then compute them all, the producer's value in registers. Readers
+    in the other phase (a forward activation the backward reads) only force its write, which
+    fusion_bytes_saved already keeps."""
+    def all_readers_fuse(producer, consumer, by_index):
+        readers = [by_index[c] for c in producer.consumers if c in by_index]
+        return all(c.op_class in FUSIBLE_CLASSES and not c.kernel for c in readers if c.phase == producer.phase)
+
+    return linked_groups(records, all_readers_fuse)
+
+
+def _time_scale(records, wall_time_s, busy_time_s):
+    """Traced op times -> the plain step's busy time (capped at the wall time), as regimes.run_split does."""
+    total = sum(r.time_s for r in records)
+    busy = min(max(busy_time_s, 0.0), max(wall_time_s, 0.0))
+    return busy / total if total > 0 else 0.0
+
+
+def compiled_program(records, ceilings, wall_time_s, busy_time_s):
+    """(device seconds, kernel launches) of the step as a fusing compiler would run it."""
+    scale = _time_scale(records, wall_time_s, busy_time_s)
+    groups = compiler_groups(records)
+    grouped = {r.index for g in groups for r in g}
+    device = sum(r.time_s for r in records if r.index not in grouped) * scale
+    launches = sum(1 for r in records if r.index not in grouped and launches_kernel(r)) + len(groups)
+    bandwidth = ceilings.bandwidth * FUSED_BANDWIDTH_FRACTION
+    # no kernel runs shorter than the step's shortest one did (a launch's fixed device cost)
+    shortest = min((r.time_s for r in records if r.time_s > 0 and launches_kernel(r)), default=0.0) * scale
+    for group in groups:
+        eager = sum(r.time_s for r in group) * scale
+        moved = sum(r.bytes for r in group) - fusion_bytes_saved(group)
+        fused = max(moved / bandwidth if bandwidth > 0 else 0.0, shortest)
+        device += min(eager, fused)
+    return device, launches
+
+
+def _channels_last_seconds(records):
+    """Seconds of the convolutions if each ran at the best fraction of its roof any contraction reached."""
+    fractions = [r.roofline_time_s / r.time_s for r in records if r.contraction and r.time_s > 0
+                 and r.roofline_time_s > 0 and r.regime != "overhead"]
+    best = min(max(fractions, default=0.0), 1.0)
+    saved = 0.0
+    for r in records:
+        if "convolution" in r.name and best > 0 and r.time_s > 0:
+            saved += max(r.time_s - r.roofline_time_s / best, 0.0)
+    return saved
+
+
+def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=False, tf32_enabled=None):
+    """{kind: Prediction} for every kind of REMEDY_KINDS that can be priced on this device."""
+    wall = max(wall_time_s, 0.0)
+    device, launches = compiled_program(records, ceilings, wall, busy_time_s)
+    graphs = 2 if train else 1  # AOTAutograd's forward and backward
+    host = launches * ceilings.launch_latency + graphs * COMPILED_CALL_S
+    launched = max(device, host)
+    fused = f"{launches} kernels, {device * 1e3:.3g} ms on the device after fusion"
+    preds = {
+        "inductor": Prediction("inductor", launched, f"{fused}, launched from the host ({host * 1e3:.3g} ms)"),
+    }
+    if ceilings.kind == "cuda":
+        replayed = device + graphs * (ceilings.launch_latency + COMPILED_CALL_S)
+        preds["cuda-graphs"] = Prediction("cuda-graphs", replayed, f"{fused}, replayed without launch gaps")
+        best = min(launched, replayed)
+        preds["compile"] = Prediction("compile", best, f"{fused}, launched ({launched * 1e3:.3g} ms) or replayed "
+                                                       f"({replayed * 1e3:.3g} ms), whichever is faster")
+    else:
+        preds["compile"] = Prediction("compile", launched, preds["inductor"].how)
+    for key in ("tf32", "bf16") if ceilings.kind == "cuda" else ("bf16",):
+        priced = precision_seconds(records, ceilings, key, tf32_enabled)
+        if priced is not None:
+            old, new, n = priced
+            preds[key] = Prediction(key, max(wall - (old - new), 0.0),
+                                    f"{n} fp32 matmul-family ops: {old * 1e3:.3g} -> {new * 1e3:.3g} ms", 1.0)
+        else:
+            preds[key] = Prediction(key, wall, "no fp32 matmul-family op to speed up (or the mode is on): no change",
+                                    1.0)
+    conv_saved = _channels_last_seconds(records) * _time_scale(records, wall, busy_time_s)
+    if any("convolution" in r.name for r in records):
+        preds["channels-last"] = Prediction("channels-last", max(wall - conv_saved, 0.0),
+                                            f"convolutions {conv_saved * 1e3:.3g} ms faster at the step's best "
+                                            f"fraction of the matmul roof", 1.0)
+    work = split["compute"] + split["bandwidth"]
+    preds["batch"] = Prediction("batch", (wall + work) / 2,
+                                f"twice the batch costs one more busy time ({work * 1e3:.3g} ms), per current batch",
+                                0.5)
+    return preds

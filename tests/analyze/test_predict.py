@@ -1,0 +1,130 @@
+"""Predicted step time per remedy (predict.py), on synthetic records whose figures can be worked out by hand."""
+
+import pytest
+import torch
+
+from brrr.analyze.advise import advise, precision_advice
+from brrr.analyze.calibration import calibrate_advice, correction, load_table, record_ratios, MAX_SAMPLES
+from brrr.analyze.predict import (COMPILED_CALL_S, FUSED_BANDWIDTH_FRACTION, compiled_program, compiler_groups,
+                                  predict_steps)
+from tests.analyze.synthetic import make_ceilings, make_record
+
+MB = 1_000_000
+
+
+def _chain(op_time=2e-6):
+    """x -> mul -> add -> gelu (1 MB in, 1 MB out each, each intermediate read only by the next), then a mm."""
+    return [
+        make_record(0, "elementwise", name="aten.mul.Tensor", bytes_read=MB, bytes_written=MB, time_s=op_time,
+                    consumers=[1], regime="bandwidth"),
+        make_record(1, "elementwise", name="aten.add.Tensor", bytes_read=MB, bytes_written=MB, time_s=op_time,
+                    inputs_from=[(0, MB)], consumers=[2], regime="bandwidth"),
+        make_record(2, "elementwise", name="aten.gelu.default", bytes_read=MB, bytes_written=MB, time_s=op_time,
+                    inputs_from=[(1, MB)], consumers=[3], regime="bandwidth"),
+        make_record(3, "contraction", name="aten.mm.default", flops=10**9, bytes_read=2 * MB, bytes_written=MB,
+                    time_s=1e-4, inputs_from=[(2, MB)], regime="compute"),
+        make_record(4, "view", name="aten.view.default", time_s=0.0),
+    ]
+
+
+def test_a_chain_becomes_one_kernel_moving_its_outside_bytes_at_the_fused_bandwidth():
+    records = _chain(op_time=10e-6)
+    ceilings = make_ceilings(bandwidth=2e11)
+    [group] = compiler_groups(records)
+    assert [r.index for r in group] == [0, 1, 2]
+    device, launches = compiled_program(records, ceilings, wall_time_s=1.3e-4, busy_time_s=1.3e-4)
+    # the kernel reads x and writes gelu's output: 2 MB; the mm keeps its time; the view launches nothing
+    assert device == pytest.approx(1e-4 + 2 * MB / (2e11 * FUSED_BANDWIDTH_FRACTION))
+    assert launches == 2
+
+
+def test_a_fused_kernel_is_no_shorter_than_the_steps_shortest_kernel_nor_longer_than_its_ops():
+    records = _chain(op_time=2e-6)  # 2 MB at 0.85 TB/s is 2.35 us, more than the shortest kernel's 2 us
+    device, _ = compiled_program(records, make_ceilings(bandwidth=1e12), 1.06e-4, 1.06e-4)
+    assert device == pytest.approx(1e-4 + 2 * MB / 0.85e12)
+    device, _ = compiled_program(records, make_ceilings(bandwidth=1e15), 1.06e-4, 1.06e-4)
+    assert device == pytest.approx(1e-4 + 2e-6)
+    device, _ = compiled_program(records, make_ceilings(bandwidth=1e9), 1.06e-4, 1.06e-4)
+    assert device == pytest.approx(1.06e-4)  # slower than eager's ops: eager's time stands
+
+
+def test_a_producer_joins_its_readers_only_when_every_reader_in_its_phase_is_memory_bound():
+    records = _chain()
+    records[0].consumers = [1, 3]  # mul's output also feeds the matmul: it can't live only in registers
+    records[3].inputs_from = [(2, MB), (0, MB)]
+    groups = sorted([r.index for r in g] for g in compiler_groups(records))
+    assert groups == [[0], [1, 2]]
+    records = _chain()
+    records[0].consumers = [1, 5]  # ...but a backward reader only forces the write
+    records.append(make_record(5, "elementwise", phase="backward", bytes_read=MB, bytes_written=MB,
+                               time_s=2e-6, inputs_from=[(0, MB)]))
+    assert sorted([r.index for r in g] for g in compiler_groups(records)) == [[0, 1, 2], [5]]
+
+
+def test_predictions_per_remedy():
+    records = _chain(op_time=10e-6)
+    ceilings = make_ceilings(bandwidth=2e11, launch_latency=5e-6)
+    wall, busy = 2e-4, 1.3e-4
+    split = {"compute": 1e-4, "bandwidth": 3e-5, "overhead": 7e-5}
+    preds = predict_steps(records, ceilings, split, wall, busy, train=False, tf32_enabled=False)
+    device = 1e-4 + 2 * MB / 0.17e12
+    assert preds["cuda-graphs"].step_s == pytest.approx(device + 5e-6 + COMPILED_CALL_S)
+    launched = max(device, 2 * 5e-6 + COMPILED_CALL_S)
+    assert preds["inductor"].step_s == pytest.approx(launched)
+    assert preds["compile"].step_s == pytest.approx(min(launched, preds["cuda-graphs"].step_s))
+    assert preds["batch"].step_s == pytest.approx((wall + 1.3e-4) / 2)
+    # tf32 and bf16 agree with the precision advice's savings
+    for item in precision_advice(records, ceilings, tf32_enabled=False):
+        assert preds[item["kind"]].step_s == pytest.approx(wall - item["predicted_saving_s"])
+    assert "channels-last" not in preds  # no convolution
+    # re-timed at another wall time, a prediction moves as much as it was built on the wall time
+    assert preds["batch"].at_wall(wall, wall + 1e-4) == pytest.approx(preds["batch"].step_s + 0.5e-4)
+    assert preds["bf16"].at_wall(wall, wall + 1e-4) == pytest.approx(preds["bf16"].step_s + 1e-4)
+    assert preds["compile"].at_wall(wall, wall + 1e-4) == preds["compile"].step_s
+    cpu = predict_steps(records, make_ceilings(kind="cpu"), split, wall, busy, tf32_enabled=False)
+    assert "cuda-graphs" not in cpu and "tf32" not in cpu and cpu["compile"].step_s == cpu["inductor"].step_s
+
+
+def test_overhead_advice_quotes_the_predicted_steps():
+    records = [make_record(i, "elementwise", bytes_read=4096, bytes_written=4096, time_s=2e-6, regime="overhead")
+               for i in range(100)]
+    split = {"compute": 0.0, "bandwidth": 0.0, "overhead": 1e-3}
+    ceilings = make_ceilings()
+    preds = predict_steps(records, ceilings, split, 1e-3, 0.2e-3)
+    items = {a["kind"]: a for a in advise(records, ceilings, split, 1e-3, 0.2e-3, predictions=preds)}
+    for kind in ("compile", "cuda-graphs", "batch"):
+        assert items[kind]["predicted_step_s"] == pytest.approx(preds[kind].step_s)
+
+
+def test_calibration_table_keeps_the_latest_ratios_and_corrects_by_their_median(monkeypatch, tmp_path):
+    monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
+    for i in range(MAX_SAMPLES + 5):
+        record_ratios("GPU X", {"compile": 1.0 + i})
+    table = load_table("GPU X")
+    assert table["compile"] == [1.0 + i for i in range(5, MAX_SAMPLES + 5)]
+    assert correction(table, "compile") == (pytest.approx(sum(table["compile"]) / MAX_SAMPLES), MAX_SAMPLES)
+    assert load_table("GPU Y") == {} and correction(table, "bf16") is None
+    advice = [{"kind": "compile", "message": "compile", "predicted_saving_s": 6e-3, "predicted_step_s": 4e-3},
+              {"kind": "fuse", "message": "fuse", "predicted_saving_s": 1e-3}]
+    calibrate_advice(advice, {"compile": [1.5, 2.0, 1.0]}, wall_time_s=10e-3)
+    compile_item = next(a for a in advice if a["kind"] == "compile")
+    assert compile_item["predicted_step_s"] == pytest.approx(6e-3)
+    assert compile_item["predicted_saving_s"] == pytest.approx(4e-3)
+    assert compile_item["predicted_step_uncalibrated_s"] == 4e-3
+    assert compile_item["predicted_saving_uncalibrated_s"] == 6e-3
+    assert "calibrated from 3 measurements" in compile_item["message"]
+    (tmp_path / "calibration-gpu-z.json").write_text("not json")
+    assert load_table("GPU Z") == {}
+
+
+def test_tf32_reaches_cublas_matmuls_only_while_bf16_autocast_reaches_every_contraction():
+    from brrr.analyze.advise import precision_seconds
+
+    records = [make_record(0, "contraction", name="aten.mm.default", flops=10**9, bytes_read=MB, time_s=1e-4,
+                           regime="compute"),
+               make_record(1, "contraction", name="aten._scaled_dot_product_efficient_attention.default",
+                           flops=10**9, bytes_read=MB, time_s=1e-4, regime="compute")]
+    ceilings = make_ceilings()
+    assert precision_seconds(records, ceilings, "tf32", tf32_enabled=False)[2] == 1
+    assert precision_seconds(records, ceilings, "bf16", tf32_enabled=False)[2] == 2
+    assert precision_seconds(records, ceilings, "tf32", tf32_enabled=True) is None  # on already
