@@ -319,24 +319,25 @@ def _strides_along(source, var):
 
 def test_reductions_over_mixed_layouts_read_both_coalesced():
     # the layer norm's backward over [64, 196, 768] reads its row-major input along the rows and its
-    # transposed gradient across them: every kernel reading both walks tiles of >= 32 along each side
+    # transposed gradient across them: every kernel reading both walks tiles of >= 16 along the kept side (16
+    # bf16 elements fill a 32-byte sector) and >= 32 along the reduced one
     plan, kernels = _mixer_reduction_kernels()
     mixed = [(k, ks) for k, ks in kernels if 1 in _strides_along(ks.source, "rindex")
              and 1 in _strides_along(ks.source, "xindex")]
     assert mixed, [ks.name for _, ks in kernels]
     for k, ks in mixed:
-        assert ks.meta["XBLOCK"] >= 32 and ks.meta["RBLOCK"] >= 32, (ks.name, ks.meta)
+        assert ks.meta["XBLOCK"] >= 16 and ks.meta["RBLOCK"] >= 32, (ks.name, ks.meta)
 
 
 def test_a_full_size_output_walking_another_dim_keeps_its_own_kernel():
     # the layer norm's input gradient (stored row-major) is not computed inside the bias gradient's reduction,
     # whose lanes walk the transposed gradient's token dim
     plan, kernels = _mixer_reduction_kernels()
-    assert any("walks dim" in why for _, why in plan.refusals), plan.refusals
+    assert any("walks dim" in str(why) for _, why in plan.refusals), plan.refusals
     for k, ks in kernels:
         for index in _addresses(ks.source, "tl.store"):
             if "rindex" in index:
-                assert _step(index, "rindex") == 1 or ks.meta["XBLOCK"] >= 32, (ks.name, index)
+                assert _step(index, "rindex") == 1 or ks.meta["XBLOCK"] >= 16, (ks.name, index)
 
 
 @pytest.mark.parametrize("small_thresholds", [False, True], ids=["as-is", "tiles-and-splits"])

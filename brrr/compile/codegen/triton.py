@@ -27,6 +27,8 @@ FEW_COLUMNS = 4096          # a column reduction over at most this many columns 
 FEW_COLUMNS_RMAX = 1024     # ... at most this many rows holds its columns whole: more, shorter programs
 UNROLL_MAX = 32             # a column reduction over at most this many elements (a pooling window) is unrolled
 ACROSS_TILE = (32, 64)      # [XBLOCK, RBLOCK] of a row reduction that also reads an input across its rows
+FEW_PROGRAMS = 512          # a looped column reduction with fewer [COLUMN_XBLOCK, 32] programs than this ...
+FEW_PROGRAMS_TILE = (16, 64)  # ... walks [16, 64] tiles instead
 ACROSS_MIN_X = 32 * 256     # ... given rows enough for 256 such tiles (fewer: lowering splits the reduction)
 TILE_SIDE = 64              # a layout change's tile: 64 x 64 (longer on one side when the other is short)
 TILE_ELEMENTS = 4096
@@ -423,7 +425,12 @@ class Codegen:
             rblock = 32 if inner_kept else LOOPED_RBLOCK
             xblock = COLUMN_XBLOCK if inner_kept else 1
             if across:
-                xblock, rblock = ACROSS_TILE
+                xblock, rblock = ACROSS_TILE if X >= ACROSS_TILE[0] * FEW_PROGRAMS else FEW_PROGRAMS_TILE
+            elif inner_kept and X < COLUMN_XBLOCK * FEW_PROGRAMS:
+                # columns enough for only a few hundred [64, 32] programs (a layer norm's backward over a
+                # transposed gradient: 196 programs for 12544 rows) leave each SM a program or two waiting on
+                # its loads; narrower, longer tiles give four times the programs, still a sector per load
+                xblock, rblock = FEW_PROGRAMS_TILE
         tile = xblock * rblock
         warps = 2 if tile <= 256 else 4 if tile <= 2048 else 8 if tile <= 8192 else 16
         self.x_full, self.r_full = X % xblock == 0, R % rblock == 0 and R > 0
