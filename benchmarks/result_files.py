@@ -5,6 +5,7 @@ code (the checkout's short commit hash) it measured on which machine (the GPU's 
 `benchmarks/results/INDEX.md` lists every recorded file with its headline figure.
 """
 
+import os
 import re
 import subprocess
 from datetime import datetime, timezone
@@ -26,7 +27,10 @@ def gpu_slug(device_name):
 
 
 def git_commit(cwd=None):
-    """The short hash of the checkout's HEAD, or 'nogit' where there is no git or no repository."""
+    """The short hash of the checkout's HEAD, or 'nogit' where there is no git or no repository. `BRRR_COMMIT`
+    names it where the checkout cannot: a copy of a working tree whose git is not the one its files came from."""
+    if os.environ.get("BRRR_COMMIT"):
+        return os.environ["BRRR_COMMIT"]
     try:
         done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=cwd or Path(__file__).resolve().parent,
                               capture_output=True, text=True, timeout=10)

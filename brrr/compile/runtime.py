@@ -36,6 +36,14 @@ _SWEPT = set()   # cache directories whose dead writers' temporary files this pr
 STALE_TMP_S = 600
 
 
+def _usable_cpus():
+    """CPUs this process may run on (a zoo worker is pinned to its share), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 8
+
+
 def cache_dir():
     d = os.environ.get("BRRR_CACHE_DIR")
     d = os.path.join(d, "kernels") if d else os.path.join(os.path.expanduser("~"), ".cache", "brrr", "kernels")
@@ -395,7 +403,7 @@ def build(plan, gm, cuda_graphs=False, kind="graph"):
     source = "\n".join(free_dead_buffers(drop_unused_views(lines))) + "\n"
     device = _device_name(plan)
     # Triton compiles kernels mostly outside the GIL (MLIR passes, ptxas): one thread per core
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(os.cpu_count() or 8, max(1, len(launches)))) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(_usable_cpus(), max(1, len(launches)))) as pool:
         futs = {ks.name: pool.submit(_load_and_warm, ks, device) for ks in launches}
         for ks in launches:
             fx_nodes = kernel_fx_nodes(kernel_steps[ks.name], ks.nodes)

@@ -21,3 +21,11 @@ def test_result_names_carry_date_gpu_and_commit(tmp_path):
     assert stem == tmp_path / "suite" / "2026-11-22-h200-abc1234" and stem.parent.is_dir()
     commit = names.git_commit(cwd=tmp_path)  # not a repository
     assert commit == "nogit" or len(commit) >= 7
+
+
+def test_the_commit_can_be_named_where_the_checkout_cannot_tell(monkeypatch, tmp_path):
+    names = _load()
+    monkeypatch.setenv("BRRR_COMMIT", "abc1234")
+    assert names.git_commit(cwd=tmp_path) == "abc1234"
+    monkeypatch.delenv("BRRR_COMMIT")
+    assert names.git_commit(cwd=tmp_path) != "abc1234"
