@@ -150,6 +150,10 @@ class Reason:
     def __str__(self):
         return self.text.format(*(k.name for k in self.kernels))
 
+    def naming(self, stand_in, kernel):
+        """The same reason about `kernel` where it spoke of `stand_in` (a pointwise kernel tried as a prologue)."""
+        return Reason(self.text, *(kernel if k is stand_in else k for k in self.kernels))
+
 
 @dataclass
 class Plan:
@@ -345,7 +349,7 @@ class Scheduler:
                     continue
             ok, why, inlined = self.deps(target, node, idx)
             if not ok:
-                last_reason = why
+                last_reason = why.naming(upgrade, k) if upgrade is not None and isinstance(why, Reason) else why
                 continue
             if upgrade is not None:
                 k.dims = node.dims

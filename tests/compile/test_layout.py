@@ -366,6 +366,18 @@ def test_mixer_block_training_matches_eager(monkeypatch, small_thresholds):
 
 # ------------------------------------------------------------------------------------------------ names
 
+def test_refusals_name_kernels_by_their_final_names():
+    # the layer norm cannot be the GELU kernel's epilogue (a matmul lies between): the refusal names that
+    # kernel as profiles and explain do, not by a stand-in made while trying it as a prologue
+    import brrr
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16),
+                                torch.nn.LayerNorm(16))
+    with torch.no_grad():
+        ex = brrr.explain(model, torch.randn(8, 16))
+    assert ex.refusals
+    for _, _, why in ex.refusals:
+        assert not re.search(r"\bk\d+\b", why), why
+
 def test_kernels_are_named_after_what_they_fuse():
     import brrr
     bn = torch.nn.BatchNorm2d(8).eval()
