@@ -5,6 +5,11 @@ An `Ix` is `const + sum(coeff * ((base // div) % mod))` over a few bases: the ke
 an opaque parenthesised sub-expression. Every base carries its range, so `% mod` disappears when it cannot wrap
 and adjacent terms merge back (`(x % 8) + (x // 8) * 8 == x`). That is the whole algebra: no sympy, a handful of
 integer rules, and the contiguous case renders as plain `xindex`.
+
+Every Ix's terms are canonical (`_canonical`: simplified, merged, sorted). Views build indices by hundreds of
+thousands of `+` and `*` per model, so these skip the pass where it cannot change a canonical result: a product
+by k != 0, a sum of terms that neither share a key nor merge (`_sum`). tests/compile/test_indexing.py holds
+them to canonicalizing every step.
 """
 
 from dataclasses import dataclass
@@ -78,13 +83,12 @@ class Ix:
         k = int(k)
         if k == 0:
             return Ix()
-        if k == 1 and _nonzero(self.terms):
+        if not _nonzero(self.terms):
+            return Ix([Term(t.base, t.brange, t.div, t.mod, t.coeff * k) for t in self.terms], self.const * k)
+        # scaling by k != 0 keeps canonical terms canonical: no term vanishes, merges or moves
+        if k == 1:
             return self
-        scaled = [Term(t.base, t.brange, t.div, t.mod, t.coeff * k) for t in self.terms]
-        if _nonzero(self.terms):
-            # scaling by k != 0 keeps canonical terms canonical: no term vanishes, merges or moves
-            return _made(tuple(scaled), self.const * k)
-        return Ix(scaled, self.const * k)
+        return _made(tuple(Term(t.base, t.brange, t.div, t.mod, t.coeff * k) for t in self.terms), self.const * k)
 
     __rmul__ = __mul__
 
@@ -220,8 +224,8 @@ def _meet(a, b):
 
 def _merges(t1, t2):
     """The rule of `_canonical`'s second pass: (b//a % m1)*c and (b//(a*m1) % m2)*(c*m1) are one term."""
-    return (t1.mod is not None and _bkey(t2.base) == _bkey(t1.base) and t2.div == t1.div * t1.mod
-            and t2.coeff == t1.coeff * t1.mod)
+    return (t1.mod is not None and t2.div == t1.div * t1.mod and t2.coeff == t1.coeff * t1.mod
+            and _bkey(t2.base) == _bkey(t1.base))
 
 
 def _order(t):
