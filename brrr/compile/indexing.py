@@ -5,6 +5,11 @@ An `Ix` is `const + sum(coeff * ((base // div) % mod))` over a few bases: the ke
 an opaque parenthesised sub-expression. Every base carries its range, so `% mod` disappears when it cannot wrap
 and adjacent terms merge back (`(x % 8) + (x // 8) * 8 == x`). That is the whole algebra: no sympy, a handful of
 integer rules, and the contiguous case renders as plain `xindex`.
+
+Every Ix's terms are canonical (`_canonical`: simplified, merged, sorted). Views build indices by hundreds of
+thousands of `+` and `*` per model, so these skip the pass where it cannot change a canonical result: a product
+by k != 0, a sum of terms that neither share a key nor merge (`_sum`). tests/compile/test_indexing.py holds
+them to canonicalizing every step.
 """
 
 from dataclasses import dataclass
@@ -32,7 +37,7 @@ class Ix:
     __slots__ = ("terms", "const")
 
     def __init__(self, terms=(), const=0):
-        self.terms, self.const = _canonical(list(terms)), int(const)
+        self.terms, self.const = _canonical(list(terms)) if terms else (), int(const)
 
     @staticmethod
     def var(name, size):
@@ -40,7 +45,7 @@ class Ix:
 
     @staticmethod
     def of(x):
-        return x if isinstance(x, Ix) else Ix((), int(x))
+        return x if isinstance(x, Ix) else _made((), int(x))
 
     def key(self):
         return (tuple((id(t.base) if not isinstance(t.base, str) else t.base, t.div, t.mod, t.coeff)
@@ -70,7 +75,7 @@ class Ix:
 
     def __add__(self, other):
         other = Ix.of(other)
-        return Ix(self.terms + other.terms, self.const + other.const)
+        return _made(_sum(self.terms, other.terms), self.const + other.const)
 
     __radd__ = __add__
 
@@ -78,7 +83,12 @@ class Ix:
         k = int(k)
         if k == 0:
             return Ix()
-        return Ix([Term(t.base, t.brange, t.div, t.mod, t.coeff * k) for t in self.terms], self.const * k)
+        if not _nonzero(self.terms):
+            return Ix([Term(t.base, t.brange, t.div, t.mod, t.coeff * k) for t in self.terms], self.const * k)
+        # scaling by k != 0 keeps canonical terms canonical: no term vanishes, merges or moves
+        if k == 1:
+            return self
+        return _made(tuple(Term(t.base, t.brange, t.div, t.mod, t.coeff * k) for t in self.terms), self.const * k)
 
     __rmul__ = __mul__
 
@@ -179,6 +189,49 @@ def _bkey(b):
     return b if isinstance(b, str) else f"~{id(b)}"
 
 
+def _made(terms, const):
+    """An Ix of terms that are already what `_canonical` makes of them: building one needs no second pass."""
+    ix = object.__new__(Ix)
+    ix.terms, ix.const = terms, const
+    return ix
+
+
+def _nonzero(terms):
+    # a sum can leave a canonical term at coefficient 0, which the next `_canonical` drops
+    return all(t.coeff for t in terms)
+
+
+def _sum(a, b):
+    """`_canonical(a + b)` of two canonical term tuples. When no term of one shares a key or merges with a term
+    of the other (and none has coefficient 0), `_canonical` would only sort their union: do just that. Indices
+    are built by hundreds of thousands of such sums (`linear`), almost all of disjoint terms."""
+    if not b and _nonzero(a):
+        return a
+    if not a and _nonzero(b):
+        return b
+    if _nonzero(a) and _nonzero(b) and not _meet(a, b):
+        return tuple(sorted(a + b, key=_order))
+    return _canonical(list(a) + list(b))
+
+
+def _meet(a, b):
+    """Whether `_canonical` would sum or merge a term of `a` with one of `b` (each canonical on its own)."""
+    keys = {(_bkey(t.base), t.div, t.mod) for t in a}
+    if any((_bkey(t.base), t.div, t.mod) in keys for t in b):
+        return True
+    return any(_merges(t1, t2) or _merges(t2, t1) for t1 in a for t2 in b)
+
+
+def _merges(t1, t2):
+    """The rule of `_canonical`'s second pass: (b//a % m1)*c and (b//(a*m1) % m2)*(c*m1) are one term."""
+    return (t1.mod is not None and t2.div == t1.div * t1.mod and t2.coeff == t1.coeff * t1.mod
+            and _bkey(t2.base) == _bkey(t1.base))
+
+
+def _order(t):
+    return (_bkey(t.base), t.div, t.mod or 0)
+
+
 def _canonical(terms):
     merged = {}
     for t in terms:
@@ -207,7 +260,7 @@ def _canonical(terms):
                     break
             if changed:
                 break
-    return tuple(sorted(merged.values(), key=lambda t: (_bkey(t.base), t.div, t.mod or 0)))
+    return tuple(sorted(merged.values(), key=_order))
 
 
 def contiguous_strides(shape):

@@ -1,0 +1,101 @@
+"""Index arithmetic's shortcuts against the canonicalizer they skip: `+` and `*` build their terms without a
+second `_canonical` pass where that pass would change nothing; each must give exactly what it gives."""
+
+import random
+
+import pytest
+
+from brrr.compile.indexing import Ix, Term, linear, unflatten
+
+LOADED = object()   # stands for an ir.Value: an index loaded from memory, keyed by identity
+
+
+def slow_add(a, b):
+    b = Ix.of(b)
+    return Ix(a.terms + b.terms, a.const + b.const)
+
+
+def slow_mul(a, k):
+    return Ix() if k == 0 else Ix([Term(t.base, t.brange, t.div, t.mod, t.coeff * k) for t in a.terms], a.const * k)
+
+
+def outcome(build):
+    try:
+        return build()
+    except Exception as e:   # random sums reach corners `_canonical` fails on: both paths must fail alike
+        return type(e)
+
+
+def same(fast, slow):
+    fast, slow = outcome(fast), outcome(slow)
+    if not isinstance(slow, Ix):
+        assert fast == slow
+        return Ix()
+    assert (fast.terms, fast.const, fast.render()) == (slow.terms, slow.const, slow.render())
+    assert [type(t.base) for t in fast.terms] == [type(t.base) for t in slow.terms]
+    return fast
+
+
+def leaf(rng):
+    return rng.choice([
+        lambda: Ix.var("xindex", rng.choice([1, 7, 64, 3136, 65536])),
+        lambda: Ix.var("rindex", rng.choice([3, 56, 784])),
+        lambda: Ix([Term(LOADED, None, 1, None, 1)]),
+        lambda: Ix.of(rng.randrange(0, 40)),
+    ])()
+
+
+def grow(rng, pool):
+    """One random step of what views do to indices; every `+` and `*` checked against the slow path."""
+    a, b = rng.choice(pool), rng.choice(pool)
+    op = rng.randrange(7)
+    if op == 0:
+        return same(lambda: a + b, lambda: slow_add(a, b))
+    if op == 1:
+        k = rng.choice([0, 1, 2, 3, 7, 8, 56, 256, -1, -3])
+        return same(lambda: a * k, lambda: slow_mul(a, k))
+    if op == 2:   # a sum that cancels: the shortcut must leave zero coefficients to `_canonical`
+        return same(lambda: a + b * -1 + b, lambda: slow_add(slow_add(a, slow_mul(b, -1)), b))
+    if op == 3:
+        v = outcome(lambda: view(a, rng))
+        return same(lambda: linear(*v), lambda: slow_linear(*v)) if isinstance(v, tuple) else Ix()
+    if op == 4:
+        made = outcome(lambda: a // rng.choice([2, 4, 7, 8, 56, 784]))
+    elif op == 5:
+        made = outcome(lambda: a % rng.choice([2, 3, 8, 56, 64]))
+    else:
+        made = leaf(rng)
+    return made if isinstance(made, Ix) else Ix()
+
+
+def view(flat, rng):
+    """Per-dim indices of `flat` in a random shape, and random strides to read them at."""
+    shape = rng.choice([(4, 56, 56), (2, 8, 7), (3, 1, 5)])
+    idx = unflatten(flat, shape, rng.choice([None, (0, 2, 1)]))
+    return idx, rng.choice([(12544, 224, 4), (1, 4 * shape[0], 4), (0, 1, 8)]), rng.randrange(3)
+
+
+def slow_linear(idx, strides, offset):
+    out = Ix((), offset)
+    for i, s in zip(idx, strides):
+        if s:
+            out = slow_add(out, slow_mul(Ix.of(i), s))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_sums_and_products_match_canonicalizing_every_step(seed):
+    rng = random.Random(seed)
+    pool = [leaf(rng) for _ in range(4)]
+    for _ in range(150):
+        pool.append(grow(rng, pool))
+        if len(pool) > 30:
+            pool.pop(rng.randrange(len(pool)))
+
+
+def test_unflattened_flat_index_merges_back_through_the_shortcut():
+    # (x % 8) + (x // 8) * 8: the sum must still reach `_canonical`'s merge rule
+    x = Ix.var("xindex", 64)
+    h, w = unflatten(x, (8, 8))
+    assert (w + h * 8).render() == "xindex"
+    assert linear(unflatten(x, (2, 4, 8)), (32, 8, 1)).render() == "xindex"
