@@ -12,6 +12,8 @@ by k != 0, a sum of terms that neither share a key nor merge (`_sum`). tests/com
 them to canonicalizing every step.
 """
 
+import itertools
+import weakref
 from dataclasses import dataclass
 
 
@@ -228,8 +230,26 @@ def _merges(t1, t2):
             and _bkey(t2.base) == _bkey(t1.base))
 
 
+_SEEN = weakref.WeakKeyDictionary()   # non-str base -> the order it was first sorted in
+_COUNT = itertools.count()
+
+
+def _rank(b):
+    """Where a non-str base (a loaded index, an opaque sub-expression) sorts: the order bases were first seen
+    in, which a compile repeats; their ids are not, and sorting by id made one kernel's source differ from
+    process to process (BERT's embedding backward), so its cache entry missed on a warm compile."""
+    try:
+        rank = _SEEN.get(b)
+        if rank is None:
+            rank = _SEEN[b] = next(_COUNT)
+        return rank
+    except TypeError:   # neither weak-referable nor hashable: its id, as before
+        return id(b)
+
+
 def _order(t):
-    return (_bkey(t.base), t.div, t.mod or 0)
+    b = t.base
+    return ((0, b) if isinstance(b, str) else (1, _rank(b)), t.div, t.mod or 0)
 
 
 def _canonical(terms):

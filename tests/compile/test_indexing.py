@@ -99,3 +99,18 @@ def test_unflattened_flat_index_merges_back_through_the_shortcut():
     h, w = unflatten(x, (8, 8))
     assert (w + h * 8).render() == "xindex"
     assert linear(unflatten(x, (2, 4, 8)), (32, 8, 1)).render() == "xindex"
+
+
+def test_terms_over_loaded_values_sort_in_the_order_first_seen_not_by_address():
+    # a kernel's source must not depend on where its IR objects happen to live: two gathers' terms in one
+    # index come out in the order the compile first met them, in every process (the cache keys on the source)
+    from brrr.compile.indexing import Opaque, Term
+    for _ in range(50):
+        later = Opaque(Ix.var("xindex", 8))     # allocated first
+        first = Opaque(Ix.var("rindex", 8))
+        Ix([Term(first, None, 1, None, 1)])      # first seen
+        Ix([Term(later, None, 1, None, 3)])
+        both = Ix([Term(later, None, 1, None, 3), Term(first, None, 1, None, 1)])
+        assert [t.base for t in both.terms] == [first, later]
+        assert [t.base for t in (Ix([Term(later, None, 1, None, 3)]) + Ix([Term(first, None, 1, None, 1)])).terms] \
+            == [first, later]
