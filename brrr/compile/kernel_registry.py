@@ -20,28 +20,24 @@ launch path that GPU kernels take after their first launch never looks.
 
 import hashlib
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+
+from brrr.compile.pricing import KernelWork
 
 LAUNCH_HOOK = None   # brrr.analyze, while it traces a CPU step: name -> context manager around an interpreted launch
 
 
 @dataclass(frozen=True)
-class KernelMeta:
-    """What the analyzer needs about one brrr kernel (see pricing.KernelWork for how each number is counted)."""
+class KernelMeta(KernelWork):
+    """What the analyzer needs about one brrr kernel: its pricing.KernelWork (how each number is counted), its
+    name and the graph it belongs to."""
 
-    name: str
-    graph: str                 # forward | backward | inference | graph
-    flops: int
-    bytes_read: int
-    bytes_written: int
-    op_class: str
-    dtype: object
-    ops: tuple                 # ATen ops it computes ("aten.gelu.default", ...)
-    modules: tuple             # ((module key, Dynamo source path), ...)
+    name: str = ""
+    graph: str = "graph"       # forward | backward | inference | graph
 
-    @property
-    def bytes(self):
-        return self.bytes_read + self.bytes_written
+    @classmethod
+    def of(cls, work, name, graph):
+        return cls(**{f.name: getattr(work, f.name) for f in fields(work)}, name=name, graph=graph)
 
 
 @dataclass

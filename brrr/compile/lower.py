@@ -366,7 +366,7 @@ class Lowering:
         self.externs = []
         self.seeds = {}
         self.index_checks = []  # (graph-input index buffer, lowest valid value, size, op): checked per call
-        self.shifted_sums = {}  # (IR input, dims, output shape) -> one-pass moments shared by var and sum
+        self.shifted_sums = {}  # (input up to float casts, dims, output shape) -> one-pass moments (var, sum)
         self.added = set()
 
     def fresh(self, prefix):

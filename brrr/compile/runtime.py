@@ -184,9 +184,7 @@ def register_kernels(plan, kernels, kind):
         work = kernel_work(k, src, totals, flops_of, position)
         src.work = work
         if gm is not None:
-            kernel_registry.register(kernel_registry.KernelMeta(
-                src.name, kind, work.flops, work.bytes_read, work.bytes_written, work.op_class, work.dtype, work.ops,
-                work.modules), src.source, gm)
+            kernel_registry.register(kernel_registry.KernelMeta.of(work, src.name, kind), src.source, gm)
 
 
 _aten = torch.ops.aten

@@ -368,7 +368,7 @@ class Scheduler:
 
     def walks_across(self, kernel, node):
         """Why a full-size pointwise node should not join reduction `kernel`, or None. A reduction kernel's
-        lanes walk its reduced dims; a node stored or read mostly along another innermost dim (a layer norm's
+        lanes walk its own innermost dim; a node stored or read mostly along another kept dim (a layer norm's
         input gradient beside a bias gradient over a transposed gradient) would then touch a 32-byte sector per
         element. Alone, it is a pointwise kernel whose tiles run along both layouts."""
         if not kernel.dims or node.kind != "pointwise" or tuple(node.shape) != tuple(kernel.shape):
@@ -377,8 +377,8 @@ class Scheduler:
         if order is None:
             order = layout.largest_input_order(self.evaluate(kernel, node, layout.dim_vars(kernel.shape))[0],
                                                kernel.shape)
-        mine, theirs = layout.innermost(kernel.shape, kernel.loop_order()), layout.innermost(kernel.shape, order) \
-            if order is not None else None
+        mine = layout.innermost(kernel.shape, kernel.loop_order())
+        theirs = layout.innermost(kernel.shape, order) if order is not None else None
         if theirs is None or mine is None or mine == theirs or theirs in kernel.dims:
             return None
         return Reason(f"walks dim {theirs} innermost; kernel {{}} walks dim {mine}", kernel)

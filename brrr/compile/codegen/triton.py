@@ -88,7 +88,7 @@ class Codegen:
         # before the loop: in the loop it cost channels_last batch-norm statistics a load per iteration
         home = scope.parent if scope.parent is not None and not rdep else scope
         home.lines.append(f"{home.indent}{name} = {expr}")
-        for sc in {id(scope): scope, id(home): home}.values():
+        for sc in (scope,) if home is scope else (scope, home):
             sc.cache[expr] = name
             sc.rdep[name] = rdep
         return name
@@ -403,17 +403,15 @@ class Codegen:
         rblock = next_pow2(max(R, 1))
         inner_kept = k.is_column()
         persistent = rblock <= (COLUMN_PERSISTENT_MAX if inner_kept else PERSISTENT_MAX)
-        if inner_kept and X <= FEW_COLUMNS and rblock <= FEW_COLUMNS_RMAX:
+        arg = any(r.rtype.startswith("arg") for r in reds)
+        if arg or (inner_kept and X <= FEW_COLUMNS and rblock <= FEW_COLUMNS_RMAX):
             # few columns (a split reduction's partials): looped, a handful of programs would each wait on one
             # load per step (the second kernel of channels_last batch-norm statistics: 4 programs, ~10 us)
-            persistent = True
-        if any(r.rtype.startswith("arg") for r in reds):
             persistent = True
         # rows held whole leave a program 1-2 rows; an input read across them (a transposed gradient) would
         # then fetch a 32-byte sector per 2-byte element. Looped [32, 64] tiles read 64 bytes along the rows
         # for that input and 128 along them for the others, at the cost of a second pass over the rows.
-        across = k.across and not inner_kept and persistent and not any(r.rtype.startswith("arg") for r in reds) \
-            and X >= ACROSS_MIN_X and R > ACROSS_TILE[1]
+        across = k.across and not inner_kept and persistent and not arg and X >= ACROSS_MIN_X and R > ACROSS_TILE[1]
         if across:
             persistent = False
         if persistent:
