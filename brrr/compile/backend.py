@@ -18,6 +18,7 @@ import sys
 import torch
 
 from brrr.compile.attention_mask import contiguous_attention_masks
+from brrr.compile.linear_cross_entropy_pass import fuse_linear_cross_entropy
 from brrr.compile import fallbacks
 from brrr.compile.fallbacks import MAX_REPLANS, GraphFallback, KernelFailed, debugging, recover, warn_once
 from brrr.compile.specialize import PerShape, symbolic
@@ -220,6 +221,13 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
     backend = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                            inference_compiler=compiler("inference"), decompositions=decomposition_table(),
                            partition_fn=min_cut_rematerialization_partition)
+    try:
+        rewrites = fuse_linear_cross_entropy(gm)
+    except Exception as e:   # an optimization only: the graph stays as Dynamo gave it
+        recover(e, "linear + cross-entropy pass failed", "graph left as is")
+    else:
+        if _sink is not None:
+            _sink.linear_losses.extend(rewrites)
     # The attention kernel (cuDNN, flash, memory-efficient or math) is chosen while AOTAutograd traces, by
     # torch's own priority: give broadcast masks a layout the fused kernels accept first.
     try:

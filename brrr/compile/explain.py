@@ -59,6 +59,7 @@ class Explanation:
     seen: list = field(default_factory=list)         # fallbacks.Fallback of kernel/graph scope while compiling
     replays: list = field(default_factory=list)      # replay_choice.Decision of graphs run in this process
     paddings: list = field(default_factory=list)     # (graph, matmul_padding.Padding): unaligned matmuls
+    linear_losses: list = field(default_factory=list)  # linear_cross_entropy_pass.Rewrite: losses without logits
 
     def planned(self, kind, gm, plan, kernels):
         """compile_graph's sink: one planned graph."""
@@ -93,6 +94,10 @@ class Explanation:
             lines.append("unaligned matmuls (padded to 16-byte leading dimensions where it pays):")
             for g, p in self.paddings:
                 lines.append(f"  [{g}] {p}")
+        if self.linear_losses:
+            lines.append("linear + cross-entropy computed in chunks of rows, without logits:")
+            for r in self.linear_losses:
+                lines.append(f"  {r}")
         if self.fallbacks:
             lines.append("fallbacks (run as ATen, not fused), by scope:")
             for f in self.fallbacks:
@@ -181,7 +186,7 @@ def record(ex, kind, gm, plan, kernels):
             seen_fx.add(step.fx)
             fx = step.fx
             b = _fx_cost(fx)
-            name = f"aten.{getattr(fx.target, '__name__', fx.target)}"
+            name = f"{getattr(fx.target, 'namespace', 'aten')}.{getattr(fx.target, '__name__', fx.target)}"
             info = OpInfo(name, kind, _shapes(fx), b, step.reason, scope=step.meta.get("scope", "op"))
             (ex.externs if step.producer == "extern" else ex.fallbacks).append(info)
             ex.bytes_fused += b

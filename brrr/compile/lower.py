@@ -16,7 +16,8 @@ from brrr.compile.ir import Const, IndexValue, Op
 
 aten = torch.ops.aten
 LOWERINGS = {}
-EXTERN_OPS = {"mm", "bmm", "addmm", "baddbmm", "convolution", "convolution_backward"}
+EXTERN_OPS = {"mm", "bmm", "addmm", "baddbmm", "convolution", "convolution_backward",
+              "fused_linear_cross_entropy"}   # brrr's own op (linear_cross_entropy_op.py): matmuls and a kernel
 
 
 def is_extern(name):

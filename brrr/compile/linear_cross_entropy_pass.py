@@ -1,0 +1,172 @@
+"""Find linear -> cross_entropy in Dynamo's graph and compute it without logits (capture -> **this pass** ->
+AOTAutograd -> lower -> ...; the op it inserts is linear_cross_entropy_op.py).
+
+A language model's head makes logits [rows, vocab], the largest tensor of a training step (GPT-2 at 8x1024:
+823 MB in bf16, twice that once upcast for the loss, and as much again for their gradient), only for
+cross_entropy to reduce each row to one number. When Dynamo's graph computes
+
+    linear(x, W, b) -> [float() / to(dtype) / view / reshape / contiguous / flatten]* -> cross_entropy(., target)
+
+with class-index targets, no class weights, reduction 'mean' or 'sum', and nothing else reading the logits, the
+chain becomes one call of `brrr::fused_linear_cross_entropy` (chunks of rows; the gradients are computed in the
+forward, where the logits of a chunk are at hand). This runs before AOTAutograd, on Dynamo's graph, because only
+there are the forward and its backward still one computation: after the partition the logits are already a
+tensor saved for the backward.
+
+Applied where the logits are large (MIN_LOGITS_BYTES, upcast included): below that a one-kernel softmax over
+the stored logits costs less than a loop of chunks. Each rewrite is listed by `explain`.
+"""
+
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+MIN_LOGITS_BYTES = 64 << 20
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_LINEAR = {torch._C._nn.linear, F.linear}
+_CROSS_ENTROPY = {F.cross_entropy}
+_SAME_ROWS_METHODS = {"float", "to", "view", "reshape", "contiguous", "flatten"}
+_SAME_ROWS_FUNCTIONS = {torch.reshape, torch.flatten}
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One linear -> cross_entropy computed without its logits."""
+
+    linear: str        # the FX node of the linear, as Dynamo named it
+    rows: int
+    hidden: int
+    vocab: int
+    chunk_rows: int
+    logits_bytes: int  # what the unfused chain held at once: logits, plus their upcast copy
+
+    def __str__(self):
+        return (f"{self.linear}: linear [{self.rows} x {self.hidden}] -> cross_entropy over {self.vocab} classes "
+                f"in chunks of {self.chunk_rows} rows; {self.logits_bytes / 2**20:.1f} MiB of logits never stored")
+
+
+def _val(node):
+    return node.meta.get("example_value", node.meta.get("val")) if isinstance(node, torch.fx.Node) else node
+
+
+def _static_tensor(v):
+    return isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in list(v.shape) + list(v.stride()))
+
+
+def _cross_entropy_args(node):
+    """cross_entropy's arguments by name, or None for a call this pass does not take."""
+    import inspect
+    try:
+        bound = inspect.signature(F.cross_entropy).bind(*node.args, **node.kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    a = bound.arguments
+    if a["weight"] is not None or a["size_average"] is not None or a["reduce"] is not None:
+        return None
+    if a["reduction"] not in ("mean", "sum") or not isinstance(a["ignore_index"], int):
+        return None
+    if not isinstance(a["label_smoothing"], (int, float)):
+        return None
+    return a
+
+
+def _keeps_rows(node, vocab):
+    """A view, reshape, copy or float cast that keeps rows of `vocab` logits in their order."""
+    if node.op == "call_method" and node.target in _SAME_ROWS_METHODS:
+        pass
+    elif not (node.op == "call_function" and node.target in _SAME_ROWS_FUNCTIONS):
+        return False
+    src, out = _val(node.args[0]), _val(node)
+    if not (_static_tensor(src) and _static_tensor(out)) or src.device != out.device:
+        return False
+    if node.target == "to" and any(isinstance(a, (str, torch.device)) for a in list(node.args[1:]) +
+                                   list(node.kwargs.values())):
+        return False
+    return (src.dim() >= 1 and out.dim() >= 1 and src.shape[-1] == out.shape[-1] == vocab
+            and out.dtype in FLOAT_DTYPES and out.numel() == src.numel())
+
+
+def _match(ce):
+    """(linear node, chain of nodes between it and `ce`, cross_entropy's arguments) or None."""
+    args = _cross_entropy_args(ce)
+    if args is None:
+        return None
+    logits, target = args["input"], args["target"]
+    lv, tv = _val(logits), _val(target)
+    if not (_static_tensor(lv) and _static_tensor(tv) and _static_tensor(_val(ce))) or lv.dim() != 2 \
+            or tv.dim() != 1:
+        return None
+    if tv.dtype not in (torch.int64, torch.int32) or tv.device != lv.device or lv.dtype not in FLOAT_DTYPES:
+        return None
+    vocab, chain, node = lv.shape[1], [], logits
+    while isinstance(node, torch.fx.Node) and node.op in ("call_method", "call_function") \
+            and node.target not in _LINEAR:
+        if len(node.users) != 1 or not _keeps_rows(node, vocab):
+            return None
+        chain.append(node)
+        node = node.args[0]
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _LINEAR):
+        return None
+    if len(node.users) != 1 or len(node.args) + len(node.kwargs) > 3:
+        return None
+    x, weight = node.args[0], node.args[1]
+    bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    xv, wv, bv = _val(x), _val(weight), _val(bias)
+    if not (_static_tensor(xv) and _static_tensor(wv)) or wv.dim() != 2 or wv.shape[0] != vocab:
+        return None
+    if bias is not None and not (_static_tensor(bv) and bv.shape == (vocab,)):
+        return None
+    if xv.dtype not in FLOAT_DTYPES or any(v.dtype != xv.dtype or v.device != xv.device
+                                          for v in (wv, bv) if v is not None):
+        return None
+    return node, chain, args
+
+
+def _uses_autocast(gm):
+    return any("autocast" in str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+
+
+def fuse_linear_cross_entropy(gm):
+    """Rewrite every linear -> cross_entropy of `gm` (a Dynamo GraphModule) that qualifies; returns the Rewrites."""
+    from brrr.compile import linear_cross_entropy_op as op
+
+    if _uses_autocast(gm):   # the linear's dtype is autocast's choice, not the graph's values: leave it
+        return []
+    done = []
+    for ce in list(gm.graph.nodes):
+        if not (ce.op == "call_function" and ce.target in _CROSS_ENTROPY):
+            continue
+        found = _match(ce)
+        if found is None:
+            continue
+        linear, chain, args = found
+        x, weight = linear.args[0], linear.args[1]
+        bias = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
+        xv, wv, bv, lv = _val(x), _val(weight), _val(bias), _val(args["input"])
+        rows, hidden, vocab = lv.shape[0], wv.shape[1], wv.shape[0]
+        if xv.numel() != rows * hidden:
+            continue
+        held = rows * vocab * (xv.element_size() + (lv.element_size() if lv.dtype != xv.dtype else 0))
+        if held < MIN_LOGITS_BYTES:
+            continue
+        grads = _val(ce).requires_grad   # Dynamo traced under grad mode, with some input requiring grad
+        flags = (grads and xv.requires_grad, grads and wv.requires_grad,
+                 grads and bv is not None and bv.requires_grad)
+        g = gm.graph
+        with g.inserting_before(ce):
+            flat = g.call_method("reshape", (x, rows, hidden))
+            fused = g.call_function(torch.ops.brrr.fused_linear_cross_entropy.default,
+                                    (flat, weight, bias, args["target"], args["ignore_index"], args["reduction"],
+                                     float(args["label_smoothing"]), *flags, _val(ce).dtype))
+            loss = g.call_function(operator.getitem, (fused, 0))
+        ce.replace_all_uses_with(loss)
+        for node in [ce, *chain, linear]:
+            g.erase_node(node)
+        done.append(Rewrite(linear.name, rows, hidden, vocab, op.chunk_rows(rows, vocab, xv.element_size()), held))
+    if done:
+        g.lint()
+        gm.recompile()
+    return done

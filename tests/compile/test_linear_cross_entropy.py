@@ -1,0 +1,226 @@
+"""Linear + cross-entropy without logits: the chunked op (linear_cross_entropy_op.py) against a float64
+reference, and the pass (linear_cross_entropy_pass.py) on compiled models against eager."""
+
+import copy
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import brrr
+from brrr.compile import linear_cross_entropy_op as op
+from brrr.compile import linear_cross_entropy_pass as fuse
+
+ROWS, HIDDEN, VOCAB = 37, 16, 101   # 101: a vocabulary whose rows are not 16-byte aligned (padded inside the op)
+
+
+def _inputs(dtype, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(ROWS, HIDDEN, generator=g, dtype=torch.float64).to(dtype)
+    w = (torch.randn(VOCAB, HIDDEN, generator=g, dtype=torch.float64) / 2).to(dtype)
+    b = torch.randn(VOCAB, generator=g, dtype=torch.float64).to(dtype) if bias else None
+    t = torch.randint(0, VOCAB, (ROWS,), generator=g)
+    t[[3, 10, 11]] = -100
+    return x, w, b, t
+
+
+def _reference(x, w, b, t, dtype=torch.float64, **kwargs):
+    """loss and gradients of cross_entropy(linear(x)) computed by eager in `dtype`."""
+    x, w = x.to(dtype).requires_grad_(), w.to(dtype).requires_grad_()
+    b = b.to(dtype).requires_grad_() if b is not None else None
+    loss = F.cross_entropy(F.linear(x, w, b), t, **kwargs)
+    loss.backward()
+    return [loss.detach(), x.grad, w.grad] + ([b.grad] if b is not None else [])
+
+
+def _fused(x, w, b, t, reduction="mean", label_smoothing=0.0, ignore_index=-100):
+    loss, gx, gw, gb = torch.ops.brrr.fused_linear_cross_entropy(
+        x, w, b, t, ignore_index, reduction, label_smoothing, True, True, b is not None, x.dtype)
+    return [loss, gx, gw] + ([gb] if b is not None else [])
+
+
+@pytest.fixture(params=["triton", "torch"])
+def row_math(request, monkeypatch):
+    """The per-row math as the Triton kernel (interpreted) or as torch ops; chunks of 8 rows either way."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1" if request.param == "triton" else "0")
+    monkeypatch.setattr(op, "CHUNK_BYTES", 8 * VOCAB * 4)
+    return request.param
+
+
+@pytest.mark.parametrize("reduction,smoothing", [("mean", 0.0), ("sum", 0.0), ("mean", 0.1), ("sum", 0.2)])
+def test_fp32_loss_and_gradients_equal_a_float64_reference(row_math, reduction, smoothing):
+    x, w, b, t = _inputs(torch.float32)
+    ours = _fused(x, w, b, t, reduction, smoothing)
+    ref = _reference(x, w, b, t, reduction=reduction, label_smoothing=smoothing)
+    for got, want in zip(ours, ref):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    assert not ours[1][[3, 10, 11]].any()   # ignored rows get no gradient
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_is_no_less_accurate_than_eager_against_float64(row_math, dtype):
+    x, w, b, t = _inputs(dtype)
+    ref = _reference(x, w, b, t)
+    eager = _reference(x, w, b, t, dtype=dtype)
+    ours = _fused(x, w, b, t)
+    for got, mine, want in zip(ours, eager, ref):
+        assert got.dtype == dtype
+        ours_err = (got.double() - want).abs().max().item()
+        eager_err = (mine.double() - want).abs().max().item()
+        assert ours_err <= 2 * eager_err + 1e-3 * want.abs().max().item()
+
+
+def test_without_bias_and_a_chunk_per_call_matches(row_math, monkeypatch):
+    monkeypatch.setattr(op, "CHUNK_BYTES", 1 << 30)   # one chunk holds every row
+    x, w, _, t = _inputs(torch.float32, bias=False)
+    for got, want in zip(_fused(x, w, None, t), _reference(x, w, None, t)):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_every_row_ignored_gives_nan_loss_and_zero_gradients_as_eager(row_math):
+    x, w, b, t = _inputs(torch.float32)
+    t[:] = -100
+    loss, gx, gw, gb = _fused(x, w, b, t)
+    eager = _reference(x, w, b, t, dtype=torch.float32)
+    assert torch.isnan(loss) and torch.isnan(eager[0])
+    assert not gx.any() and not gw.any() and not gb.any() and not eager[1].any()
+
+
+def test_chunk_rows_fit_the_budget_and_are_powers_of_two():
+    assert op.chunk_rows(8192, 50257, 2) == 2048     # 2048 rows x 50257 x 2 bytes: 196 MiB <= 256 MiB
+    assert op.chunk_rows(4096, 151936, 2) == 512
+    assert op.chunk_rows(10, 151936, 4) == 10        # fewer rows than a chunk
+    assert op.chunk_rows(100_000, 10**9, 4) == 16    # never fewer than 16 rows
+
+
+class TinyLM(torch.nn.Module):
+    """A causal LM's head and loss as Hugging Face writes them: tied embedding, upcast, flatten, shifted labels."""
+
+    def __init__(self, vocab=VOCAB, hidden=HIDDEN, bias=False, smoothing=0.0):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.head = torch.nn.Linear(hidden, vocab, bias=bias)
+        self.head.weight = self.embed.weight
+        self.smoothing = smoothing
+
+    def forward(self, ids, labels):
+        h = torch.tanh(self.norm(self.embed(ids)))
+        logits = self.head(h).float()
+        labels = F.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100,
+                               label_smoothing=self.smoothing)
+
+
+@pytest.fixture
+def always(monkeypatch):
+    monkeypatch.setattr(fuse, "MIN_LOGITS_BYTES", 0)
+    monkeypatch.setattr(op, "CHUNK_BYTES", 8 * VOCAB * 4)
+
+
+def _ids(batch=2, length=9, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (batch, length), generator=g)
+    labels = ids.clone()
+    labels[0, :3] = -100
+    return ids, labels
+
+
+@pytest.mark.parametrize("bias,smoothing", [(False, 0.0), (True, 0.1)])
+def test_a_compiled_lm_head_trains_as_eager_through_the_fused_op(always, bias, smoothing):
+    torch.manual_seed(0)
+    model = TinyLM(bias=bias, smoothing=smoothing)
+    ours = copy.deepcopy(model)
+    ids, labels = _ids()
+    model(ids, labels).backward()
+    loss = brrr.compile(ours)(ids, labels)
+    loss.backward()
+    torch.testing.assert_close(loss, model(ids, labels))
+    for (name, p), q in zip(model.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_explain_lists_the_rewrite_and_no_tensor_of_vocabulary_rows_is_planned(always):
+    ids, labels = _ids()
+    ex = brrr.explain(TinyLM(), ids, labels, train=True)
+    (rewrite,) = ex.linear_losses
+    # 8 rows fit the budget the fixture sets; a chunk holds at least 16: two chunks, the second of 2 rows
+    assert (rewrite.rows, rewrite.hidden, rewrite.vocab, rewrite.chunk_rows) == (18, HIDDEN, VOCAB, 16)
+    text = str(ex)
+    assert "without logits" in text and "brrr.fused_linear_cross_entropy" in text
+    # every tensor the plans hold: none has the vocabulary as its last dim (the weight is [101, 16])
+    shapes = [s for k in ex.kernels for s in k.reads + k.writes] + [e.shapes for e in ex.externs + ex.fallbacks]
+    assert not any(re.search(rf"\[[^\]]*, {VOCAB}\]", s) for s in shapes), shapes
+
+
+def test_inference_computes_the_loss_alone(always):
+    torch.manual_seed(0)
+    model = TinyLM()
+    ids, labels = _ids()
+    compiled = brrr.compile(copy.deepcopy(model))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids, labels), model(ids, labels))
+    ex = brrr.explain(model, ids, labels)
+    assert len(ex.linear_losses) == 1 and ex.graphs == ["inference"]
+
+
+def test_a_hugging_face_llama_with_tied_embeddings_trains_as_eager(always):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                   num_key_value_heads=1, intermediate_size=64, vocab_size=VOCAB,
+                                   tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+
+    def step(m, ids, labels):
+        return m(input_ids=ids, labels=labels, use_cache=False).loss
+
+    ours = copy.deepcopy(model)
+    ids, labels = _ids(length=16)
+    step(model, ids, labels).backward()
+    loss = brrr.compile(lambda i, l: step(ours, i, l))(ids, labels)
+    loss.backward()
+    torch.testing.assert_close(loss, step(model, ids, labels))
+    for (name, p), q in zip(model.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+    ex = brrr.explain(lambda i, l: step(model, i, l), ids, labels, train=True)
+    assert len(ex.linear_losses) == 1
+
+
+class Returned(TinyLM):
+    def forward(self, ids, labels):
+        logits = self.head(self.embed(ids))
+        return F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1)), logits
+
+
+class Weighted(TinyLM):
+    def forward(self, ids, labels):
+        weights = torch.linspace(0.5, 1.5, VOCAB)
+        return F.cross_entropy(self.head(self.embed(ids)).view(-1, VOCAB), labels.view(-1), weight=weights)
+
+
+class Unreduced(TinyLM):
+    def forward(self, ids, labels):
+        return F.cross_entropy(self.head(self.embed(ids)).view(-1, VOCAB), labels.view(-1), reduction="none")
+
+
+class Transposed(TinyLM):
+    def forward(self, ids, labels):   # class dim 1 of a 3-D input: rows are not the linear's rows
+        return F.cross_entropy(self.head(self.embed(ids)).transpose(1, 2), labels)
+
+
+@pytest.mark.parametrize("model", [Returned, Weighted, Unreduced, Transposed])
+def test_a_chain_the_op_cannot_compute_is_left_alone_and_still_equals_eager(always, model):
+    torch.manual_seed(0)
+    m = model()
+    ids, labels = _ids()
+    assert brrr.explain(m, ids, labels, train=True).linear_losses == []
+    got, want = brrr.compile(copy.deepcopy(m))(ids, labels), m(ids, labels)
+    torch.testing.assert_close(got, want)
+
+
+def test_small_logits_stay_with_the_fused_softmax_kernels():
+    ids, labels = _ids()   # 18 x 101 fp32 logits: far below MIN_LOGITS_BYTES
+    assert brrr.explain(TinyLM(), ids, labels, train=True).linear_losses == []
