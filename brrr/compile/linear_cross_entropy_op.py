@@ -9,7 +9,7 @@ is `cross_entropy(x @ weight.T + bias, target, ...)` for 2-D `x` [rows, hidden],
 formula only scales them by the loss's gradient: the loss is a scalar ('mean' or 'sum'), so each gradient is
 linear in it. So a training step keeps no logits for the backward and recomputes none.
 
-Per chunk of rows (a power of two, CHUNK_BYTES of logits): one matmul makes the chunk's logits (cuBLAS, in x's dtype, as the unfused linear does); one
+Per chunk of rows (chunk_rows): one matmul makes the chunk's logits (cuBLAS, in x's dtype, as the unfused linear does); one
 Triton kernel reads each row twice (online max and sum-exp with the target logit, then the gradient
 softmax - one-hot, written over the logits in place); then the chunk's input-gradient rows (one matmul) and the
 weight's gradient (one matmul accumulated into it, beta=1). Peak memory holds one chunk of logits, not all rows.
@@ -21,15 +21,24 @@ import os
 from typing import Optional, Tuple
 
 import torch
+import torch.utils.flop_counter
 
-CHUNK_BYTES = 256 << 20   # logits of one chunk, in x's dtype: large enough that each matmul stays efficient
+CHUNK_BYTES = 256 << 20   # logits of one chunk, in x's dtype
+ROWS_PER_HIDDEN = 2       # a chunk has at least this many rows per hidden unit (see chunk_rows)
 ROW_BLOCK = 2048          # vocabulary entries one kernel step reads
 
 
-def chunk_rows(rows, vocab, itemsize):
-    """Rows per chunk: the most whose logits fit CHUNK_BYTES, a power of two (at least 16)."""
-    fit = max(16, CHUNK_BYTES // max(1, vocab * itemsize))
-    return min(rows, 1 << (fit.bit_length() - 1)) if rows else 1
+def chunk_rows(rows, vocab, hidden, itemsize):
+    """Rows per chunk, a power of two: as many as CHUNK_BYTES of logits hold, but at least ROWS_PER_HIDDEN x hidden.
+
+    Each chunk adds its weight gradient into the whole [vocab, hidden] accumulator: 4 x vocab x hidden bytes read
+    and written, against 6 x chunk x vocab bytes the row kernel moves. At 2 rows per hidden unit the
+    accumulation costs a third of the kernel's traffic (Qwen2-0.5B's head: 2048-row chunks, 0.6 GB of logits each,
+    where the memory budget alone would cut 512-row chunks and pay more for accumulating than for the kernel)."""
+    by_memory = max(16, CHUNK_BYTES // max(1, vocab * itemsize))
+    by_weight = ROWS_PER_HIDDEN * hidden
+    fit = max(1 << (by_memory.bit_length() - 1), 1 << max(0, by_weight - 1).bit_length())
+    return max(1, min(rows, fit))
 
 
 def _triton_runs(t):
@@ -152,7 +161,7 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Opti
     gw = torch.zeros_like(weight, memory_format=torch.contiguous_format) if grad_weight else _empty(weight)
     gb = torch.zeros(vocab, dtype=acc, device=x.device) if grad_bias else _empty(x)
     write_grad = grad_x or grad_weight or grad_bias
-    step = chunk_rows(rows, vocab, x.element_size())
+    step = chunk_rows(rows, vocab, x.shape[1], x.element_size())
     # logits rows of a vocabulary that is not a multiple of 16 bytes would send every matmul here to cuBLAS's
     # slow unaligned kernels: the weight gets zero rows, the logits a padded row stride, and the kernel and the
     # gradient matmuls read the real columns through that stride
@@ -198,3 +207,11 @@ def _backward(ctx, grad_loss, *_unused):
 
 
 fused_linear_cross_entropy.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.utils.flop_counter.register_flop_formula(torch.ops.brrr.fused_linear_cross_entropy)
+def _flops(x_shape, weight_shape, bias_shape, target_shape, ignore_index, reduction, label_smoothing, grad_x,
+           grad_weight, grad_bias, dtype, out_shape=None, **kwargs) -> int:
+    """The matmuls' FLOPs (the logits, and each gradient asked for), as torch.utils.flop_counter counts mm."""
+    rows, hidden = x_shape
+    return 2 * rows * hidden * weight_shape[0] * (1 + bool(grad_x) + bool(grad_weight))

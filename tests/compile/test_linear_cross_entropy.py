@@ -12,7 +12,7 @@ import brrr
 from brrr.compile import linear_cross_entropy_op as op
 from brrr.compile import linear_cross_entropy_pass as fuse
 
-ROWS, HIDDEN, VOCAB = 37, 16, 101   # 101: a vocabulary whose rows are not 16-byte aligned (padded inside the op)
+ROWS, HIDDEN, VOCAB = 37, 8, 101   # 101: a vocabulary whose rows are not 16-byte aligned (padded inside the op)
 
 
 def _inputs(dtype, bias=True, seed=0):
@@ -45,6 +45,7 @@ def row_math(request, monkeypatch):
     """The per-row math as the Triton kernel (interpreted) or as torch ops; chunks of 8 rows either way."""
     monkeypatch.setenv("TRITON_INTERPRET", "1" if request.param == "triton" else "0")
     monkeypatch.setattr(op, "CHUNK_BYTES", 8 * VOCAB * 4)
+    monkeypatch.setattr(op, "ROWS_PER_HIDDEN", 0)
     return request.param
 
 
@@ -88,11 +89,15 @@ def test_every_row_ignored_gives_nan_loss_and_zero_gradients_as_eager(row_math):
     assert not gx.any() and not gw.any() and not gb.any() and not eager[1].any()
 
 
-def test_chunk_rows_fit_the_budget_and_are_powers_of_two():
-    assert op.chunk_rows(8192, 50257, 2) == 2048     # 2048 rows x 50257 x 2 bytes: 196 MiB <= 256 MiB
-    assert op.chunk_rows(4096, 151936, 2) == 512
-    assert op.chunk_rows(10, 151936, 4) == 10        # fewer rows than a chunk
-    assert op.chunk_rows(100_000, 10**9, 4) == 16    # never fewer than 16 rows
+def test_chunk_rows_fit_the_budget_but_hold_two_rows_per_hidden_unit(monkeypatch):
+    monkeypatch.setattr(op, "CHUNK_BYTES", 256 << 20)
+    monkeypatch.setattr(op, "ROWS_PER_HIDDEN", 2)
+    assert op.chunk_rows(8192, 50257, 768, 2) == 2048    # 2048 rows x 50257 x 2 bytes: 196 MiB <= 256 MiB
+    assert op.chunk_rows(8192, 32000, 1024, 2) == 4096
+    assert op.chunk_rows(4096, 151936, 896, 2) == 2048   # the budget's 512 rows would accumulate 8 times
+    assert op.chunk_rows(10, 151936, 896, 4) == 10       # fewer rows than a chunk
+    assert op.chunk_rows(0, 151936, 896, 4) == 1
+    assert op.chunk_rows(100_000, 10**9, 4, 4) == 16     # never fewer than 16 rows
 
 
 class TinyLM(torch.nn.Module):
@@ -118,9 +123,10 @@ class TinyLM(torch.nn.Module):
 def always(monkeypatch):
     monkeypatch.setattr(fuse, "MIN_LOGITS_BYTES", 0)
     monkeypatch.setattr(op, "CHUNK_BYTES", 8 * VOCAB * 4)
+    monkeypatch.setattr(op, "ROWS_PER_HIDDEN", 0)
 
 
-def _ids(batch=2, length=9, seed=0):
+def _ids(batch=2, length=17, seed=0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, VOCAB, (batch, length), generator=g)
     labels = ids.clone()
@@ -146,8 +152,8 @@ def test_explain_lists_the_rewrite_and_no_tensor_of_vocabulary_rows_is_planned(a
     ids, labels = _ids()
     ex = brrr.explain(TinyLM(), ids, labels, train=True)
     (rewrite,) = ex.linear_losses
-    # 8 rows fit the budget the fixture sets; a chunk holds at least 16: two chunks, the second of 2 rows
-    assert (rewrite.rows, rewrite.hidden, rewrite.vocab, rewrite.chunk_rows) == (18, HIDDEN, VOCAB, 16)
+    # 8 rows fit the budget the fixture sets; a chunk holds at least 16: three chunks, the last of 2 rows
+    assert (rewrite.rows, rewrite.hidden, rewrite.vocab, rewrite.chunk_rows) == (34, HIDDEN, VOCAB, 16)
     text = str(ex)
     assert "without logits" in text and "brrr.fused_linear_cross_entropy" in text
     # every tensor the plans hold: none has the vocabulary as its last dim (the weight is [101, 16])
@@ -222,5 +228,21 @@ def test_a_chain_the_op_cannot_compute_is_left_alone_and_still_equals_eager(alwa
 
 
 def test_small_logits_stay_with_the_fused_softmax_kernels():
-    ids, labels = _ids()   # 18 x 101 fp32 logits: far below MIN_LOGITS_BYTES
+    ids, labels = _ids()   # 34 x 101 fp32 logits: far below MIN_LOGITS_BYTES
     assert brrr.explain(TinyLM(), ids, labels, train=True).linear_losses == []
+
+
+def test_the_op_is_priced_as_its_matmuls():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from brrr.cost.ops import op_cost
+
+    x, w, b, t = _inputs(torch.float32)
+    fused = torch.ops.brrr.fused_linear_cross_entropy.default
+    for grads, matmuls in (((True, True, True), 3), ((False, True, False), 2), ((False, False, False), 1)):
+        args = (x, w, b, t, -100, "mean", 0.0, *grads, torch.float32)
+        with FlopCounterMode(display=False) as counter:
+            out = fused(*args)
+        assert counter.get_total_flops() == 2 * ROWS * HIDDEN * VOCAB * matmuls
+        cost = op_cost(fused, args, {}, out)
+        assert cost.op_class == "contraction" and cost.flops == counter.get_total_flops()
