@@ -1,9 +1,17 @@
 """How fast and how lean is linear + cross-entropy in chunks, and how big should a chunk be?
 
+Not yet run (no device time left when it was written). Prediction, from counted bytes and FLOPs at Qwen2-0.5B's
+head (4096 x 896 -> 151936, bf16; H100 ~650 TFLOP/s bf16 matmul, ~3 TB/s): three matmuls 3.35 TFLOP ~ 5.2 ms;
+eager's chain moves ~30 GB around them (upcast, log_softmax, its backward, the cast back) ~ 15 ms and peaks
+~7 GB above its inputs; chunked (2048-row chunks) moves ~3.7 GB in its row kernel plus 1.1 GB accumulating the
+weight gradient ~ 6.8 ms, peak ~1 GB (a chunk of logits, the weight gradient, the input gradient). 512-row chunks
+should lose ~1 ms to accumulation: each adds into the whole 272 MB weight gradient.
+
 Forward + backward of `cross_entropy(linear(x, W).float(), target)` at LM-head shapes (bf16, 10% of targets
 ignored), each way in one process:
 - eager: the unfused chain, logits materialized, upcast to fp32 (as Hugging Face's ForCausalLMLoss does);
-- chunked, CHUNK_BYTES 128 MiB .. 1 GiB: brrr::fused_linear_cross_entropy through its autograd formula;
+- chunked, CHUNK_BYTES 128 MiB .. 1 GiB and ROWS_PER_HIDDEN 0, 2, 4: brrr::fused_linear_cross_entropy through
+  its autograd formula;
 - brrr-unfused / brrr-fused (first shape only): the chain compiled by brrr with the pass off / on.
 Times are do_bench medians of one forward + backward; peak is torch.cuda.max_memory_allocated above what was
 allocated before the step (inputs and weights excluded).
@@ -28,7 +36,7 @@ SHAPES = {   # rows (batch x length), hidden, vocab
     "gpt2 8x1024": (8192, 768, 50257),
     "llama-1024 8x1024": (8192, 1024, 32000),
 }
-CHUNKS_MIB = (128, 256, 512, 1024)
+CHUNKINGS = ((128, 0), (256, 0), (1024, 0), (256, 2), (256, 4))   # (CHUNK_BYTES in MiB, ROWS_PER_HIDDEN)
 
 
 def _inputs(rows, hidden, vocab, device):
@@ -83,12 +91,12 @@ def main():
     for i, (name, (n, h, v)) in enumerate(SHAPES.items()):
         x, w, t = _inputs(n, h, v, "cuda")
         rows.append({"shape": name, "way": "eager", **_measure(_eager, x, w, t)})
-        for mib in CHUNKS_MIB:
-            op.CHUNK_BYTES = mib << 20
-            rows.append({"shape": name, "way": f"chunked {mib} MiB ({op.chunk_rows(n, v, 2)} rows)",
-                         **_measure(_chunked, x, w, t)})
+        for mib, per_hidden in CHUNKINGS:
+            op.CHUNK_BYTES, op.ROWS_PER_HIDDEN = mib << 20, per_hidden
+            rows.append({"shape": name, "way": f"chunked {mib} MiB, {per_hidden}/hidden "
+                                               f"({op.chunk_rows(n, v, h, 2)} rows)", **_measure(_chunked, x, w, t)})
             print(rows[-1], flush=True)
-        op.CHUNK_BYTES = 256 << 20
+        op.CHUNK_BYTES, op.ROWS_PER_HIDDEN = 256 << 20, 2
         if i == 0:
             for way, floor in (("brrr-unfused", 1 << 62), ("brrr-fused", 64 << 20)):
                 if time.time() - start > args.budget_s:
@@ -104,7 +112,7 @@ def main():
     result = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
               "commit": git_commit(), "date": utc_date(), "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{utc_date()}-{gpu_slug(device)}-{git_commit()}-loss-chunks.json"
+    path = args.out / f"{utc_date()}-{gpu_slug(device)}-{git_commit()}-how-big-a-loss-chunk.json"
     path.write_text(json.dumps(result, indent=1))
     for r in rows:
         print(f"{r['shape']:20s} {r['way']:32s} {r['ms']:8.2f} ms  peak {r['peak_mib']:8.0f} MiB  loss {r['loss']:.4f}")
