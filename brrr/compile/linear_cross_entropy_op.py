@@ -4,7 +4,8 @@ this op in the graph -> AOTAutograd -> lower, where it is an Extern -> runtime c
     loss, grad_x, grad_weight, grad_bias = torch.ops.brrr.fused_linear_cross_entropy(
         x, weight, bias, target, ignore_index, reduction, label_smoothing, grad_x, grad_weight, grad_bias, dtype)
 
-is `cross_entropy(x @ weight.T + bias, target, ...)` for 2-D `x` [rows, hidden], with the gradients of the loss
+is `cross_entropy(x @ weight.T + bias, target, ...)` for 2-D `x` [rows, hidden] (a target outside the
+vocabulary, which eager refuses with an error, gives a nan loss and nan gradients here), with the gradients of the loss
 (scaled for a gradient of 1) asked for by the three flags; those not asked for come back empty. Its autograd
 formula only scales them by the loss's gradient: the loss is a scalar ('mean' or 'sum'), so each gradient is
 linear in it. So a training step keeps no logits for the backward and recomputes none.
@@ -74,13 +75,14 @@ def _row_kernel():
         lse = row_max + tl.log(tl.sum(run_sum * tl.exp(run_max - row_max), 0))
         target = tl.load(target_ptr + row)
         ignored = target == ignore_index
-        picked = tl.load(base + tl.where(ignored, 0, target)).to(tl.float32)
-        loss = lse - picked
+        known = (target >= 0) & (target < vocab)   # eager raises on another class; here it reads as nan
+        picked = tl.load(base + tl.where(known, target, 0)).to(tl.float32)
+        loss = tl.where(known, lse - picked, float("nan"))
         if SMOOTH:
             loss = (1.0 - smoothing) * loss + smoothing * (lse - tl.sum(total, 0) / vocab)
         tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
         if WRITE_GRAD:
-            scale = tl.where(ignored, 0.0, tl.load(scale_ptr))
+            scale = tl.where(ignored, 0.0, tl.where(known, tl.load(scale_ptr), float("nan")))
             for start in range(0, vocab, BLOCK):
                 mask = start + cols < vocab
                 v = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32)
@@ -111,9 +113,10 @@ def _rows_torch(logits, target, loss, scale, ignore_index, smoothing, write_grad
     """The same per-row math as torch ops (devices Triton cannot run on)."""
     values = logits if logits.dtype == torch.float64 else logits.float()
     ignored = target == ignore_index
-    picked_at = torch.where(ignored, 0, target).unsqueeze(1)
+    known = (target >= 0) & (target < values.shape[1])
+    picked_at = torch.where(known, target, 0).unsqueeze(1)
     lse = torch.logsumexp(values, 1)
-    row_loss = lse - values.gather(1, picked_at).squeeze(1)
+    row_loss = torch.where(known, lse - values.gather(1, picked_at).squeeze(1), float("nan"))
     if smoothing:
         row_loss = (1 - smoothing) * row_loss + smoothing * (lse - values.mean(1))
     loss.copy_(torch.where(ignored, 0.0, row_loss))
@@ -122,7 +125,8 @@ def _rows_torch(logits, target, loss, scale, ignore_index, smoothing, write_grad
         grad.scatter_add_(1, picked_at, torch.full_like(picked_at, -(1.0 - smoothing), dtype=grad.dtype))
         if smoothing:
             grad -= smoothing / values.shape[1]
-        logits.copy_(grad * torch.where(ignored, 0.0, scale).unsqueeze(1))
+        row_scale = torch.where(ignored, 0.0, torch.where(known, scale, float("nan")))
+        logits.copy_(grad * row_scale.unsqueeze(1))
 
 
 def _check(x, weight, bias, target, reduction):

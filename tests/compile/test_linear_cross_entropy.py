@@ -246,3 +246,13 @@ def test_the_op_is_priced_as_its_matmuls():
         assert counter.get_total_flops() == 2 * ROWS * HIDDEN * VOCAB * matmuls
         cost = op_cost(fused, args, {}, out)
         assert cost.op_class == "contraction" and cost.flops == counter.get_total_flops()
+
+
+def test_a_target_outside_the_vocabulary_gives_nan_never_a_number(row_math):
+    x, w, b, t = _inputs(torch.float32)
+    t[5] = VOCAB
+    with pytest.raises((IndexError, RuntimeError)):   # eager on the CPU; on CUDA a device-side assert
+        _reference(x, w, b, t)
+    loss, gx, gw, gb = _fused(x, w, b, t)
+    assert torch.isnan(loss) and torch.isnan(gx[5]).all() and torch.isnan(gw).any() and torch.isnan(gb).any()
+    assert not torch.isnan(gx[6]).any()   # other rows keep their gradients
