@@ -264,17 +264,21 @@ sig = {p: "constexpr" if p in consts else types.get(p, "i32") for p in fn.arg_na
 attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.arg_names) if p not in consts and sig[p] != "fp32"}
 k = triton.compile(ASTSource(fn, sig, constexprs={(fn.arg_names.index(p),): v for p, v in consts.items()},
                              attrs=attrs), target=GPUTarget("cuda", 90, 32), options=options)
-print(json.dumps({"mma": sorted(set(re.findall(r"wgmma\\.mma_async[.a-z0-9]*|mma\\.sync[.a-z0-9]*", k.asm["ptx"]))),
-                  "shared": k.metadata.shared}))
+ptx = k.asm["ptx"]
+print(json.dumps({"mma": sorted(set(re.findall(r"wgmma\\.mma_async[.a-z0-9]*|mma\\.sync[.a-z0-9]*", ptx))),
+                  "copies": sorted(set(re.findall(r"cp\\.async\\.c[ag]\\.[.a-z0-9]*", ptx))), "shared": k.metadata.shared}))
 """
 
 
-@pytest.mark.parametrize("dtype,config", [(torch.bfloat16, CONFIGS[0]), (torch.float32, CONFIGS[2]),
-                                          (torch.float16, CONFIGS[-1])])
-def test_gpu_source_compiles_for_sm90_on_tensor_cores(dtype, config, tmp_path):
+@pytest.mark.parametrize("dtype,config,unit_strides", [
+    (torch.bfloat16, CONFIGS[0], ("stride_ak", "stride_bn")), (torch.float32, CONFIGS[2], ("stride_ak", "stride_bn")),
+    (torch.float16, CONFIGS[-1], ("stride_ak", "stride_bn")), (torch.bfloat16, CONFIGS[2], ("stride_am", "stride_bk"))])
+def test_gpu_source_compiles_for_sm90_on_tensor_cores(dtype, config, unit_strides, tmp_path):
     """What the H100 would run (no GPU needed: Triton's NVIDIA backend and ptxas), in a process of its own: the
-    interpreter these tests run under replaces parts of triton.language. Contiguous operands, as at a launch:
-    unit strides are constants (Triton specializes them), the rest divisible by 16."""
+    interpreter these tests run under replaces parts of triton.language. Operands as at a launch: unit strides
+    are constants (Triton specializes them; row-major operands, or both transposed), sizes and the other strides
+    divisible by 16. Half-type operand tiles are copied to shared memory 16 bytes at a time, transposed ones too
+    (rows past M wrap at a multiple of 16, so `rm % M` keeps runs of 16 contiguous)."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     assert matmul_configs.fits(config, dtype)
     src = generate(dtype, chain(Bias(scaled=True), Activation("gelu_tanh")), tf32=True)
@@ -284,7 +288,7 @@ def test_gpu_source_compiles_for_sm90_on_tensor_cores(dtype, config, tmp_path):
     types = dict(a_ptr=ptr, b_ptr=ptr, out_ptr=ptr, bias_ptr=ptr, alpha="fp32", beta="fp32")
     meta = config.meta(4096)
     consts = {name: meta[name] for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EVEN_K")}
-    consts.update(stride_ak=1, stride_bn=1, stride_on=1, stride_biasn=1, stride_biasm=0, stride_biasb=0)
+    consts.update(dict.fromkeys(unit_strides, 1), stride_on=1, stride_biasn=1, stride_biasm=0, stride_biasb=0)
     options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(path), src.name, json.dumps(types),
@@ -297,4 +301,8 @@ def test_gpu_source_compiles_for_sm90_on_tensor_cores(dtype, config, tmp_path):
     if config.block_m >= 64:   # Hopper's warpgroup MMA (a 16-row tile runs on mma.sync)
         assert all(op.startswith("wgmma") for op in result["mma"]), result
     assert 0 < result["shared"] <= config.shared_bytes(dtype.itemsize) <= SHARED_MEMORY
+    if dtype == torch.float32:   # Hopper's TF32 wgmma takes K-major tiles only: B is copied 4 bytes at a time
+        assert result["copies"] == ["cp.async.ca.shared.global", "cp.async.cg.shared.global"], result
+    else:                        # .cg: 16-byte copies only
+        assert result["copies"] == ["cp.async.cg.shared.global"], result
     assert re.fullmatch(r"brrr_mm_\w+", src.name)
