@@ -1,0 +1,137 @@
+"""Runs the matmul template (codegen -> **runtime**): mm, addmm, bmm and baddbmm as brrr's own Triton kernel.
+
+Not wired into the compiler yet (its matmuls are still ATen Externs, `lower.EXTERN_OPS`): these entry points
+call the template directly, for tests and for the later integration (epilogue fusion, autotuning against
+cuBLAS). Each call picks the kernel source (dtype, epilogue, TF32 setting, 64-bit offsets, interpreter),
+loads it through the runtime's kernel cache (`runtime.load_kernel`: on disk by source, one module per source
+in the process), allocates the output (or writes into `out`), computes the grid and launches through the JIT.
+Sizes, strides and alpha/beta are kernel arguments, so a new shape or layout reuses the compiled kernel.
+
+Semantics follow ATen's: `beta * bias + alpha * (a @ b)`, with the bias ignored (its NaNs too) when beta is 0;
+an activation, if any, applies last. `out` must not overlap the operands.
+"""
+
+import os
+
+import torch
+
+from brrr.compile.codegen.matmul_template import TL, Activation, Bias, Scale, chain, generate
+from brrr.compile.matmul_configs import default_config
+from brrr.compile.runtime import load_kernel
+
+INT32_LIMIT = 2 ** 31
+MAX_BLOCK = 256        # no config's tile side is longer: rows and columns past M, N stay within this of them
+MAX_BATCH = 65535      # the CUDA grid's second axis
+_KERNELS = {}          # (dtype, epilogue, tf32, wide, interpreted, device) -> JITFunction
+
+
+def _device_name(device):
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def _wide(tensors):
+    """Whether some offset the kernel computes can reach 2**31 elements (then offsets are int64)."""
+    for t in tensors:
+        strides = [abs(s) for s in t.stride()]
+        span = sum((n - 1) * s for n, s in zip(t.shape, strides) if n > 0)
+        if span + MAX_BLOCK * max(strides, default=0) >= INT32_LIMIT:
+            return True
+    return False
+
+
+def kernel(dtype, epilogue, tf32, wide, device):
+    """The template's JITFunction for these choices, generated and loaded once per process."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    key = (dtype, epilogue, tf32, wide, interpreted, _device_name(device))
+    if key not in _KERNELS:
+        src = generate(dtype, epilogue, tf32=tf32, wide=wide, interpreted=interpreted)
+        _KERNELS[key] = load_kernel(src.source, src.name, key[-1])
+    return _KERNELS[key]
+
+
+def launch(a, b, out, epilogue=None, epilogue_args=None, config=None):
+    """out[i] = epilogue(a[i] @ b[i]) for 3-D a [B, M, K], b [B, K, N], out [B, M, N] of one dtype, any strides
+    (a batch stride of 0 broadcasts an operand). `epilogue_args`: keywords for `epilogue.bind`. `config`: a
+    `matmul_configs.TileConfig`, else `default_config`'s."""
+    batch, m, k = a.shape
+    n = b.shape[2]
+    if b.shape[:2] != (batch, k) or tuple(out.shape) != (batch, m, n):
+        raise ValueError(f"matmul template: shapes {tuple(a.shape)} @ {tuple(b.shape)} -> {tuple(out.shape)}")
+    if not a.dtype == b.dtype == out.dtype:
+        raise ValueError(f"matmul template: dtypes {a.dtype}, {b.dtype} -> {out.dtype} differ")
+    if a.dtype not in TL:
+        raise NotImplementedError(f"matmul template: dtype {a.dtype}")
+    if batch > MAX_BATCH:
+        raise NotImplementedError(f"matmul template: batch {batch} > {MAX_BATCH}")
+    if batch == 0 or m == 0 or n == 0:
+        return out
+    extra = epilogue.bind(**(epilogue_args or {})) if epilogue is not None else ()
+    tensors = [a, b, out] + [x for x in extra if isinstance(x, torch.Tensor)]
+    if len({t.device for t in tensors}) > 1:
+        raise ValueError(f"matmul template: tensors on several devices {sorted({str(t.device) for t in tensors})}")
+    tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    fn = kernel(a.dtype, epilogue, tf32, _wide(tensors), a.device)
+    config = config or default_config(m, n, k, a.dtype, batch)
+    grid = (config.tiles(m, n), batch)
+    args = (a, b, out, *extra, m, n, k, *a.stride(), *b.stride(), *out.stride())
+    if a.device.type == "cuda":
+        with torch.cuda.device(a.device):
+            fn[grid](*args, **config.meta(k))
+    else:
+        fn[grid](*args, **config.meta(k))
+    return out
+
+
+def _epilogue(bias, alpha, beta, activation):
+    """The epilogue of `activation(beta * bias + alpha * acc)` and its bind keywords."""
+    if bias is not None and beta != 0:
+        first = Bias(scaled=alpha != 1 or beta != 1)
+    elif alpha != 1:
+        first = Scale()
+    else:
+        first = None
+    return chain(first, Activation(activation) if activation else None), dict(bias=bias, alpha=alpha, beta=beta)
+
+
+def _matmul(a3, b3, out, out_shape, bias, alpha, beta, activation, config):
+    batch, m, n = a3.shape[0], a3.shape[1], b3.shape[2]
+    if out is None:
+        out = torch.empty(out_shape, dtype=a3.dtype, device=a3.device)
+    elif tuple(out.shape) != tuple(out_shape):
+        raise ValueError(f"matmul template: out has shape {tuple(out.shape)}, not {tuple(out_shape)}")
+    out3 = out if out.dim() == 3 else out.unsqueeze(0)
+    if bias is not None and beta != 0:
+        if bias.dtype != a3.dtype:
+            raise ValueError(f"matmul template: bias dtype {bias.dtype} is not the operands' {a3.dtype}")
+        bias = bias.expand(batch, m, n)
+    epilogue, args = _epilogue(bias, alpha, beta, activation)
+    launch(a3, b3, out3, epilogue, args, config)
+    return out
+
+
+def template_mm(a, b, out=None, *, bias=None, alpha=1, beta=1, activation=None, config=None):
+    """`activation(beta * bias + alpha * (a @ b))` for 2-D a [M, K], b [K, N]: mm, addmm (`bias` broadcast to
+    [M, N]: a row [N], a column [M, 1] or a full matrix) and either with a fused `activation` ("relu",
+    "gelu", "gelu_tanh")."""
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"template_mm: 2-D operands, got {a.dim()}-D and {b.dim()}-D")
+    return _matmul(a.unsqueeze(0), b.unsqueeze(0), out, (a.shape[0], b.shape[1]), bias, alpha, beta,
+                   activation, config)
+
+
+def template_bmm(a, b, out=None, *, bias=None, alpha=1, beta=1, activation=None, config=None):
+    """`activation(beta * bias + alpha * (a @ b))` per batch for 3-D a [B, M, K], b [B, K, N]: bmm, baddbmm
+    (`bias` broadcast to [B, M, N])."""
+    if a.dim() != 3 or b.dim() != 3:
+        raise ValueError(f"template_bmm: 3-D operands, got {a.dim()}-D and {b.dim()}-D")
+    return _matmul(a, b, out, (a.shape[0], a.shape[1], b.shape[2]), bias, alpha, beta, activation, config)
+
+
+def template_addmm(bias, a, b, *, beta=1, alpha=1, activation=None, out=None, config=None):
+    """torch.addmm's argument order."""
+    return template_mm(a, b, out, bias=bias, alpha=alpha, beta=beta, activation=activation, config=config)
+
+
+def template_baddbmm(bias, a, b, *, beta=1, alpha=1, activation=None, out=None, config=None):
+    """torch.baddbmm's argument order."""
+    return template_bmm(a, b, out, bias=bias, alpha=alpha, beta=beta, activation=activation, config=config)
