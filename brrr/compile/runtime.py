@@ -162,6 +162,9 @@ def generate_all(plan, graph_kind="graph"):
         out[k] = src
         stored |= refs
     plan.stored = stored
+    from brrr.compile import matmul_fusion
+    if matmul_fusion.enabled():
+        matmul_fusion.fuse_matmul_epilogues(plan, out, interpreted=os.environ.get("TRITON_INTERPRET") == "1")
     register_kernels(plan, out, graph_kind)
     return out
 

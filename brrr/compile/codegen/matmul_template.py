@@ -211,25 +211,45 @@ def kernel_name(epilogue=None):
     return f"brrr_mm{suffix}"
 
 
-def generate(dtype, epilogue=None, *, tf32=False, wide=False, interpreted=False):
+OWN = ("M", "N", "K", "stride_ab", "stride_am", "stride_ak", "stride_bb", "stride_bk", "stride_bn",
+       "stride_ob", "stride_om", "stride_on")   # the sizes and strides the template reads
+
+
+def generate(dtype, epilogue=None, *, tf32=False, wide=False, interpreted=False, baked=None, pointers=None,
+             store_product=True, name=None, order=None, helpers=()):
     """Triton source of the matmul kernel for operands of `dtype`.
 
     tf32: fp32 operands multiply as TF32 on tensor cores (`torch.backends.cuda.matmul.allow_tf32`), else IEEE.
     wide: offsets in int64 (some tensor spans 2**31 elements or more).
     interpreted: for the Triton interpreter, whose `tl.dot` multiplies bf16 bit patterns as integers and whose
     bf16 casts are inexact: bf16 tiles are widened to fp32 exactly before the dot, the result rounded by hand.
+    The compiler's fused kernels (matmul_epilogue.py) also pass:
+    baked: {name in OWN: int}, sizes and strides written into the source as constants instead of parameters;
+    pointers: (a, b, out) parameter names for the operands and the product (the runtime's in_ptr/out_ptr names);
+    store_product: False when only the epilogue's own stores leave the kernel (no `out` parameter then);
+    name: the kernel's name;
+    order: the pointer parameters in the order the caller passes them (the runtime's: inputs, then outputs);
+    helpers: shim helpers (codegen/shim.py) the epilogue's code calls.
     """
     if dtype not in TL:
         raise NotImplementedError(f"matmul template: dtype {dtype} (supported: {DTYPES})")
     epilogue = epilogue or Epilogue()
     tile = Tile(dtype, interpreted)
-    name = kernel_name(epilogue)
-    own = ("M", "N", "K", "stride_ab", "stride_am", "stride_ak", "stride_bb", "stride_bk", "stride_bn",
-           "stride_ob", "stride_om", "stride_on")
-    taken = set(own + CONSTEXPRS + LOCALS) & set(epilogue.params)
+    tile.helpers.update(helpers)
+    name = name or kernel_name(epilogue)
+    baked = dict(baked or {})
+    a_name, b_name, out_name = pointers or ("a_ptr", "b_ptr", "out_ptr")
+    own = tuple(p for p in OWN if p not in baked)
+    taken = set(own + CONSTEXPRS + LOCALS + (a_name, b_name) + ((out_name,) if store_product else ())) \
+        & set(epilogue.params)
     if taken:
         raise ValueError(f"epilogue {epilogue.name!r}: parameters {sorted(taken)} are the template's names")
-    params = ("a_ptr", "b_ptr", "out_ptr") + tuple(epilogue.params) + own
+    pointer_params = (a_name, b_name) + ((out_name,) if store_product else ()) + tuple(epilogue.params)
+    if order is not None:
+        if sorted(order) != sorted(pointer_params):
+            raise ValueError(f"matmul template: order {list(order)} is not a permutation of {list(pointer_params)}")
+        pointer_params = tuple(order)
+    params = pointer_params + own
     i64 = ".to(tl.int64)" if wide else ""
     widen_operands = dtype == torch.bfloat16 and interpreted
     if dtype == torch.float32 or widen_operands:
@@ -241,7 +261,9 @@ def generate(dtype, epilogue=None, *, tf32=False, wide=False, interpreted=False)
         x = f"tl.load({ptrs}, mask={mask}, other=0.0)" if mask else f"tl.load({ptrs})"
         return tile.widen(x, dtype) if widen_operands else x
 
-    body = [
+    body = [f"{k} = {int(v)}" for k, v in baked.items()] + [
+        f"{local} = {param}" for local, param in (("a_ptr", a_name), ("b_ptr", b_name), ("out_ptr", out_name))
+        if local != param and (local != "out_ptr" or store_product)] + [
         "pid = tl.program_id(0)",
         f"pid_b = tl.program_id(1){i64}",
         "num_pid_m = tl.cdiv(M, BLOCK_M)",
@@ -279,8 +301,9 @@ def generate(dtype, epilogue=None, *, tf32=False, wide=False, interpreted=False)
         "mask = (rm < M) & (rn < N)",
     ]
     body += list(epilogue.code(tile))
-    stored = tile.narrow(epilogue.value(tile), dtype)
-    body.append(f"tl.store(out_ptr + pid_b * stride_ob + rm * stride_om + rn * stride_on, {stored}, mask=mask)")
+    if store_product:
+        stored = tile.narrow(epilogue.value(tile), dtype)
+        body.append(f"tl.store(out_ptr + pid_b * stride_ob + rm * stride_om + rn * stride_on, {stored}, mask=mask)")
     signature = ", ".join(params + tuple(f"{c}: tl.constexpr" for c in CONSTEXPRS))
     comment = (f"# matmul template: {str(dtype).replace('torch.', '')} operands"
                f"{', TF32' if tf32 and dtype == torch.float32 else ''}{', int64 offsets' if wide else ''}, "

@@ -1,0 +1,146 @@
+"""A matmul and the pointwise kernel that reads its product, as one Triton kernel (matmul_fusion -> **codegen** ->
+runtime).
+
+The matmul template (matmul_template.py) computes a [BLOCK_M, BLOCK_N] tile of `A @ B` (plus addmm's bias) in
+fp32. Here brrr's own pointwise codegen renders the consumer kernel's roots on that tile: `xindex`, the flat
+index the consumer walks, is the product's element offset `b * M * N + rm * N + rn` (the product is dense
+row-major, and the consumer reads it at exactly its own flat index, else this refuses), `xmask` is the tile's
+mask, and the consumer's load of the product becomes the tile itself, rounded to the product's dtype as the
+unfused product would have been stored. Every other load and store is the consumer's own, so the fused kernel
+writes what the two kernels wrote, less the product when nothing else reads it.
+
+Pointer names follow the runtime's convention (`in_ptr<i>` / `out_ptr<j>` by argument position: A, B, the bias,
+the consumer's inputs; the product if kept, the consumer's outputs), which inplace.py reads; sizes and strides
+are baked in as constants, as in every brrr kernel.
+"""
+
+import torch
+
+from brrr.compile import ir
+from brrr.compile.codegen.matmul_template import Epilogue, Tile, generate
+from brrr.compile.codegen.triton import Codegen, KernelSource, Scope
+from brrr.compile.matmul_configs import default_config
+
+
+class EpilogueRefused(Exception):
+    """The consumer cannot run on the matmul's tile; the message says why (explain lists it)."""
+
+
+class _TileCodegen(Codegen):
+    """Pointwise codegen whose load of the product reads the tile in registers."""
+
+    product = None
+    product_value = "acc_out"
+
+    def value(self, scope, v):
+        if isinstance(v, ir.Load) and v.buf is self.product:
+            idx, _ = self.index(scope, v.index)
+            if idx != "xindex" or v.mask is not None:
+                raise EpilogueRefused(f"reads the product at {idx}, not element for element")
+            return self.product_value, False
+        return super().value(scope, v)
+
+
+class _Rendered(Epilogue):
+    """Lines already rendered by _TileCodegen, with their pointer parameters."""
+
+    def __init__(self, name, params, lines):
+        self.name, self.params, self.lines = name, tuple(params), list(lines)
+
+    def code(self, tile):
+        return self.lines
+
+
+def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_of, store_product, interpreted):
+    """KernelSource of `consumer` (a pointwise Kernel) fused after the matmul `mm` (an Extern buffer node computing
+    a @ b, plus `bias` for addmm: an IR node or None). Raises EpilogueRefused."""
+    batched = len(mm.shape) == 3
+    batch, m, n = (mm.shape if batched else (1, *mm.shape))
+    k = a.shape[-1]
+    if tuple(mm.stride) != ((m * n,) if batched else ()) + (n, 1):
+        raise EpilogueRefused(f"the product's strides {tuple(mm.stride)} are not row-major")
+    if consumer.dims or consumer.tile or consumer.closed or consumer.xnumel() != batch * m * n:
+        raise EpilogueRefused("it is not pointwise over the product's elements")
+    if any(r.meta.get("atomic_into") is not None for r in consumer.roots):
+        raise EpilogueRefused("the consumer accumulates into another tensor")
+    cg = _TileCodegen(consumer, stored, load_stored, kernel_of, interpreted=interpreted)
+    cg.product = mm
+    cg.ops_nodes = set()
+    wide = _wide(a, b, mm, batch * m * n)
+    cg.int64 = wide
+    cg.inputs = {a: "in_ptr0", b: "in_ptr1"}
+    if bias is not None:
+        cg.ptr(bias, cg.inputs, "in_ptr")
+    if store_product:
+        cg.outputs = {mm: "out_ptr0"}
+    tile = Tile(mm.dtype, interpreted)
+    scope = Scope(indent="")
+    ir._RECORD.append(cg.ops_nodes)
+    prev, ir.LOAD_STORED = ir.LOAD_STORED, load_stored
+    try:
+        idx = consumer.full_index()
+        for r in consumer.roots:
+            cg.store(scope, r, idx, cg.value(scope, r(idx)))
+    finally:
+        ir.LOAD_STORED = prev
+        ir._RECORD.pop()
+    i64 = ".to(tl.int64)" if wide else ""
+    head = [f"xindex = (pid_b * {m * n} + rm * {n} + rn){i64}", "xmask = mask"]
+    if bias is not None:
+        bias_index = _broadcast_index(bias, batched)
+        head.append(f"acc = acc + {tile.load_fp32(f'in_ptr2 + ({bias_index})', bias.dtype)}")
+    head.append(f"acc_out = {tile.widen(tile.narrow('acc', mm.dtype), mm.dtype)}" if mm.dtype != torch.float32
+                else "acc_out = acc")
+    cg.helpers |= tile.helpers
+    pointers = [p for p in list(cg.inputs.values()) + list(cg.outputs.values()) if p not in ("in_ptr0", "in_ptr1")
+                and not (store_product and p == "out_ptr0")]
+    epilogue = _Rendered(consumer.name, pointers, head + scope.lines)
+    config = default_config(m, n, k, mm.dtype, batch)
+    sa, sb = _strides(a), _strides(b)
+    baked = dict(M=m, N=n, K=k, stride_ab=_batch_stride(a, sa, batched), stride_am=sa[-2], stride_ak=sa[-1],
+                 stride_bb=_batch_stride(b, sb, batched), stride_bk=sb[-2], stride_bn=sb[-1], stride_ob=m * n,
+                 stride_om=n, stride_on=1)
+    tf32 = mm.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    source = generate(mm.dtype, epilogue, tf32=tf32, wide=wide, interpreted=interpreted, baked=baked,
+                      pointers=("in_ptr0", "in_ptr1", "out_ptr0"), store_product=store_product, name=name,
+                      order=list(cg.inputs.values()) + list(cg.outputs.values()), helpers=cg.helpers)
+    text = source.source
+    args = list(cg.inputs) + list(cg.outputs)
+    ops = sorted({o for nd in cg.ops_nodes | {mm} for o in nd.ops if o not in ("view", "_unsafe_view", "alias")})
+    meta = config.meta(k)
+    return KernelSource(name, text, args, (config.tiles(m, n), batch), meta, ops, 0, list(cg.outputs),
+                        sorted(cg.ops_nodes | {mm}, key=lambda nd: nd.name))
+
+
+def _strides(node):
+    """A tensor's strides as the call will see them: a host view's come from its traced value."""
+    if node.stride or not node.shape:
+        return tuple(node.stride)
+    fake = node.meta.get("fake")
+    if fake is None and node.fx is not None:
+        fake = node.fx.meta.get("val")
+    if fake is None:
+        raise EpilogueRefused(f"the strides of {node.name} are not known")
+    return tuple(fake.stride())
+
+
+def _wide(a, b, out, numel):
+    limit = 2 ** 31 - 1
+    if numel >= limit // 2:
+        return True
+    for node in (a, b, out):
+        extent = sum((s - 1) * st for s, st in zip(node.shape, _strides(node)) if s > 0)
+        if extent >= limit // 2:
+            return True
+    return False
+
+
+def _batch_stride(x, strides, batched):
+    return strides[0] if batched and len(x.shape) == 3 and x.shape[0] != 1 else 0
+
+
+def _broadcast_index(bias, batched):
+    """The bias element of the tile's (pid_b, rm, rn), bias broadcast to the product's shape as addmm does."""
+    dims = ("pid_b", "rm", "rn")[-len(bias.shape):] if bias.shape else ()
+    terms = [f"{d} * {st}" for d, size, st in zip(dims, bias.shape, _strides(bias)) if size != 1 and st != 0]
+    return " + ".join(terms) + (" + rm * 0 + rn * 0" if terms else "rm * 0 + rn * 0")

@@ -1,0 +1,171 @@
+"""Matmul epilogues: an mm/bmm/addmm and the pointwise kernel that reads its product become one kernel
+(schedule -> codegen -> **this pass over the generated plan** -> runtime).
+
+After each kernel's source is generated (runtime.generate_all), every matmul Extern is offered to the first
+pointwise kernel that reads its product. They fuse when:
+- the matmul is `mm`, `bmm` or `addmm` (alpha = beta = 1) of fp32, bf16 or fp16 operands brrr's template takes;
+- that kernel walks the product's elements and reads each at its own index (codegen/matmul_epilogue.py checks
+  the rendered index);
+- nothing else reads the product before that kernel runs, and no step in between writes an operand.
+The fused kernel runs where the consumer ran. It still stores the product when a later step or the graph's
+outputs read it (a training forward saves a pre-activation for its backward); otherwise the product never
+reaches memory. Each refusal is recorded on the plan (explain lists it).
+
+Whether it pays is a measurement brrr has not made yet on a GPU: the pass runs only where `BRRR_MATMUL_TEMPLATES=1`
+(the tests set it); by default every matmul stays a cuBLAS call.
+"""
+
+import os
+
+import torch
+
+from brrr.compile import ir
+from brrr.compile.codegen.matmul_epilogue import EpilogueRefused, generate_fused
+from brrr.compile.codegen.matmul_template import TL
+
+_aten = torch.ops.aten
+MATMULS = {_aten.mm.default, _aten.bmm.default, _aten.addmm.default}
+
+
+def enabled():
+    return os.environ.get("BRRR_MATMUL_TEMPLATES") == "1"
+
+
+class FusedMatmul:
+    """A plan step standing where the consumer kernel stood: the matmul and that kernel, one launch. It answers
+    what runtime, explain, pricing and inplace ask a schedule.Kernel."""
+
+    dims = ()
+    tile = 0
+    closed = False
+
+    def __init__(self, mm, consumer, name):
+        self.mm, self.consumer, self.name = mm, consumer, name
+        self.shape, self.order = consumer.shape, consumer.order
+        self.roots = list(consumer.roots)
+        self.members = list(consumer.members) + [mm]
+
+    @property
+    def is_reduction(self):
+        return False
+
+    def xnumel(self):
+        return self.consumer.xnumel()
+
+    def rnumel(self):
+        return 1
+
+    def loop_order(self):
+        return self.consumer.loop_order()
+
+
+def _matmul_operands(step, L):
+    fx = step.fx
+    if fx is None or fx.target not in MATMULS or step.meta.get("out_index") is not None:
+        return None
+    if fx.target is _aten.addmm.default:
+        if fx.kwargs.get("beta", 1) != 1 or fx.kwargs.get("alpha", 1) != 1:
+            return None
+        bias, a, b = fx.args[:3]
+    else:
+        bias, (a, b) = None, fx.args[:2]
+    nodes = [L.env.get(x) if isinstance(x, torch.fx.Node) else None for x in (a, b)]
+    bias_node = L.env.get(bias) if isinstance(bias, torch.fx.Node) else bias
+    if not all(isinstance(n, ir.Node) for n in nodes) or (bias is not None and not isinstance(bias_node, ir.Node)):
+        return None
+    return nodes[0], nodes[1], bias_node
+
+
+def _reads(kind, step, kernels, L):
+    if kind == "kernel":
+        ks = kernels[step]
+        return ks.args[:len(ks.args) - len(ks.stores)]
+    if kind == "aten" and step.fx is not None:
+        out = []
+        torch.fx.node.map_arg((step.fx.args, step.fx.kwargs), lambda x: out.append(L.env.get(x)))
+        flat = []
+        for v in out:
+            flat.extend(v if isinstance(v, tuple) else [v])
+        if step.view_of is not None:
+            flat.append(step.view_of)
+        return [v for v in flat if isinstance(v, ir.Node)]
+    return []
+
+
+def _writes(kind, step, kernels):
+    if kind == "kernel":
+        return kernels[step].stores
+    if kind == "aten" and ir.is_host_view(step):   # a view writes nothing
+        return []
+    return [step] if kind in ("aten", "empty") else []
+
+
+def _roots(node):
+    while isinstance(node, ir.Node) and node.view_of is not None and ir.is_host_view(node):
+        node = node.view_of
+    return node
+
+
+def fuse_matmul_epilogues(plan, kernels, interpreted):
+    """Rewrite `plan.steps` and `kernels` (schedule.Kernel -> KernelSource) in place; returns the fused steps."""
+    from brrr.compile import kernel_registry
+
+    L = plan.lowering
+    outputs = {_roots(o) for o in L.outputs if isinstance(o, ir.Node)}
+    fused = []
+    i = 0
+    while i < len(plan.steps):
+        kind, mm = plan.steps[i]
+        i += 1
+        if kind != "aten" or mm.kind != "buffer" or mm.producer != "extern":
+            continue
+        operands = _matmul_operands(mm, L)
+        if operands is None or mm.dtype not in TL:
+            continue
+        a, b, bias = operands
+        if a.dtype != mm.dtype or b.dtype != mm.dtype:
+            continue
+        # host views of the product read no memory: those before its first reader move after the fused kernel
+        views, readers = [], []
+        for t, (kind_, s) in enumerate(plan.steps[i:], start=i):
+            if kind_ == "aten" and s.view_of is not None and ir.is_host_view(s) and _roots(s) is mm:
+                views.append(t)
+            elif any(_roots(r) is mm for r in _reads(kind_, s, kernels, L)):
+                readers.append((t, kind_, s))
+        if not readers:
+            continue
+        t, kind_, consumer = readers[0]
+        if kind_ != "kernel" or isinstance(consumer, FusedMatmul):
+            plan.refusals.append((mm, "matmul epilogue: its first reader is not a pointwise kernel"))
+            continue
+        if any(r is not mm and _roots(r) is mm for r in _reads(kind_, consumer, kernels, L)):
+            plan.refusals.append((mm, f"matmul epilogue: {consumer.name} reads the product through a view"))
+            continue
+        between = plan.steps[i:t]
+        written = {_roots(w) for k_, s in between for w in _writes(k_, s, kernels)}
+        if {_roots(a), _roots(b), _roots(bias)} & written:
+            plan.refusals.append((mm, "matmul epilogue: an operand is written before its reader runs"))
+            continue
+        store_product = len(readers) > 1 or mm in outputs
+        name = "brrr_mm_" + consumer.name.removeprefix("brrr_")
+        try:
+            src = generate_fused(name, mm, a, b, bias, consumer, set(plan.stored),
+                                 {n for n in plan.stored if n.kind == "pointwise" and n not in consumer.roots},
+                                 {r: k for k_, k in plan.steps if k_ == "kernel" for r in k.roots},
+                                 store_product, interpreted)
+        except (EpilogueRefused, NotImplementedError, ValueError) as e:
+            plan.refusals.append((mm, f"matmul epilogue with {consumer.name}: {e}"))
+            continue
+        name, text = kernel_registry.claim(name, src.source)
+        src.name, src.source = name, text
+        step = FusedMatmul(mm, consumer, name)
+        del kernels[consumer]
+        kernels[step] = src
+        early_views = [plan.steps[v] for v in views if v < t]
+        plan.steps[t] = ("kernel", step)
+        plan.steps[t + 1:t + 1] = early_views
+        for v in sorted([v for v in views if v < t] + [i - 1], reverse=True):
+            del plan.steps[v]
+        i -= 1
+        fused.append(step)
+    return fused
