@@ -1,0 +1,146 @@
+"""Matmul epilogues (matmul_fusion.py, codegen/matmul_epilogue.py): a matmul and the pointwise kernel reading its
+product as one template kernel, against eager (float64 references for half types)."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import brrr
+
+
+@pytest.fixture
+def templates(monkeypatch):
+    monkeypatch.setenv("BRRR_MATMUL_TEMPLATES", "1")
+
+
+def _fused(ex):
+    return [k for k in ex.kernels if any(op in ("mm", "addmm", "bmm") for op in k.ops)]
+
+
+def _matmul_externs(ex):
+    return [e for e in ex.externs if any(f"aten.{op}." in e.op for op in ("mm", "addmm", "bmm"))]
+
+
+@pytest.mark.parametrize("shape", [(64, 32), (3, 17, 32)])
+def test_linear_bias_gelu_is_one_kernel_and_equals_eager(templates, shape):
+    torch.manual_seed(0)
+    x, w, b = torch.randn(*shape), torch.randn(48, 32), torch.randn(48)
+
+    def f(x, w, b):
+        return F.gelu(F.linear(x, w, b))
+
+    ex = brrr.explain(f, x, w, b)
+    (kernel,) = ex.kernels
+    assert {"addmm", "gelu"} <= set(kernel.ops) and not _matmul_externs(ex)
+    assert "tl.dot" in kernel.source
+    torch.testing.assert_close(brrr.compile(f)(x, w, b), f(x, w, b))
+
+
+def test_templates_are_off_by_default():
+    x, w = torch.randn(16, 8), torch.randn(8, 8)
+    ex = brrr.explain(lambda x, w: torch.relu(x @ w), x, w)
+    assert len(_matmul_externs(ex)) == 1 and not _fused(ex)
+
+
+def test_a_trained_block_fuses_forward_and_backward_matmuls_and_matches_eager(templates):
+    torch.manual_seed(0)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down, self.norm = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32), torch.nn.LayerNorm(32)
+
+        def forward(self, x):
+            return self.norm(x + self.down(F.gelu(self.up(x))))
+
+    model = Block()
+    ours = copy.deepcopy(model)
+    x = torch.randn(4, 8, 32, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    ex = brrr.explain(copy.deepcopy(model), x.detach().clone().requires_grad_(), train=True)
+    fused = {k.graph: k.ops for k in _fused(ex)}
+    assert {"addmm", "gelu"} <= set(fused["forward"]) and "mm" in fused["backward"]
+    y = brrr.compile(ours)(x2)
+    y.backward(torch.ones_like(y))
+    want = model(x)
+    want.backward(torch.ones_like(want))
+    torch.testing.assert_close(y, want)
+    torch.testing.assert_close(x2.grad, x.grad)
+    for (name, p), q in zip(model.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+
+def test_a_batched_matmul_with_a_residual_epilogue(templates):
+    torch.manual_seed(0)
+    a, b, c = torch.randn(3, 17, 24), torch.randn(3, 24, 40), torch.randn(3, 17, 40)
+
+    def f(a, b, c):
+        return torch.relu(torch.bmm(a, b)) * c
+
+    ex = brrr.explain(f, a, b, c)
+    assert [set(k.ops) >= {"bmm", "relu", "mul"} for k in ex.kernels] == [True]
+    torch.testing.assert_close(brrr.compile(f)(a, b, c), f(a, b, c))
+
+
+def test_transposed_and_sliced_operands(templates):
+    torch.manual_seed(0)
+    big = torch.randn(40, 70)
+
+    def f(big, w):
+        return torch.sigmoid(big[3:20, 5:69:2] @ w.t()) - 1   # a strided slice, a transposed weight
+
+    w = torch.randn(30, 32)
+    assert len(_fused(brrr.explain(f, big, w))) == 1
+    torch.testing.assert_close(brrr.compile(f)(big, w), f(big, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_types_are_no_less_accurate_than_eager(templates, dtype):
+    torch.manual_seed(0)
+    x, w, b = (torch.randn(33, 40) / 4).to(dtype), (torch.randn(50, 40) / 4).to(dtype), torch.randn(50).to(dtype)
+
+    def f(x, w, b):
+        return torch.tanh(F.linear(x, w, b)) + 1
+
+    assert len(_fused(brrr.explain(f, x, w, b))) == 1
+    ref = f(x.double(), w.double(), b.double())
+    ours = brrr.compile(f)(x, w, b)
+    assert ours.dtype == dtype
+    eager_err = (f(x, w, b).double() - ref).abs().max().item()
+    assert (ours.double() - ref).abs().max().item() <= 2 * eager_err + 1e-3
+
+
+@pytest.mark.parametrize("read,why", [
+    (lambda p: p.t(), "not pointwise over the product"),   # a layout-change kernel walks it in tiles
+    (lambda p: torch.flip(p, [1]).t().t(), "element for element"),   # read at another element than written
+])
+def test_a_consumer_reading_the_product_elsewhere_is_refused_and_still_right(templates, read, why):
+    torch.manual_seed(0)
+    x, w = torch.randn(16, 8), torch.randn(8, 12)
+    c = torch.randn(read(torch.empty(16, 12)).shape)
+
+    def f(x, w, c):
+        return read(x @ w) * c
+
+    ex = brrr.explain(f, x, w, c)
+    assert not _fused(ex) and len(_matmul_externs(ex)) == 1
+    assert any("matmul epilogue" in text and why in text for _, _, text in ex.refusals), ex.refusals
+    torch.testing.assert_close(brrr.compile(f)(x, w, c), f(x, w, c))
+
+
+def test_a_product_also_returned_is_stored_by_the_fused_kernel(templates):
+    torch.manual_seed(0)
+    x, w = torch.randn(16, 8), torch.randn(8, 12)
+
+    def f(x, w):
+        p = x @ w
+        return p, torch.exp(p)
+
+    ex = brrr.explain(f, x, w)
+    (kernel,) = _fused(ex)
+    assert any(s.startswith("mm:") for s in kernel.writes)
+    p, e = brrr.compile(f)(x, w)
+    torch.testing.assert_close(p, x @ w)
+    torch.testing.assert_close(e, torch.exp(x @ w))
