@@ -226,7 +226,7 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
     except Exception as e:   # an optimization only: the graph stays as Dynamo gave it
         recover(e, "linear + cross-entropy pass failed", "graph left as is")
     else:
-        if _sink is not None:
+        if rewrites and hasattr(_sink, "linear_losses"):   # explain's sink lists them; other sinks need not
             _sink.linear_losses.extend(rewrites)
     # The attention kernel (cuDNN, flash, memory-efficient or math) is chosen while AOTAutograd traces, by
     # torch's own priority: give broadcast masks a layout the fused kernels accept first.
