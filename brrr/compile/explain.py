@@ -47,6 +47,24 @@ class OpInfo:
 
 
 @dataclass
+class MatmulInfo:
+    graph: str
+    op: str                    # mm | addmm | bmm | baddbmm
+    size: str                  # "[B x] M x N x K"
+    dtype: str
+    runs_as: str               # "cuBLAS" | "template BLOCK_MxBLOCK_NxBLOCK_K"
+    epilogue: list = field(default_factory=list)   # ATen ops fused after it
+    bytes_saved: int = 0       # the product's write and read (or its read alone, when it is also stored)
+    kernel: str = ""
+
+    def __str__(self):
+        text = f"[{self.graph}] {self.op} {self.size} {self.dtype}: {self.runs_as}"
+        if self.epilogue:
+            text += f" in {self.kernel} with epilogue {', '.join(self.epilogue)}; saves {_fmt(self.bytes_saved)}"
+        return text
+
+
+@dataclass
 class Explanation:
     kernels: list = field(default_factory=list)
     externs: list = field(default_factory=list)
@@ -60,6 +78,7 @@ class Explanation:
     replays: list = field(default_factory=list)      # replay_choice.Decision of graphs run in this process
     paddings: list = field(default_factory=list)     # (graph, matmul_padding.Padding): unaligned matmuls
     linear_losses: list = field(default_factory=list)  # linear_cross_entropy_pass.Rewrite: losses without logits
+    matmuls: list = field(default_factory=list)      # MatmulInfo: each matmul, cuBLAS or a template kernel
 
     def planned(self, kind, gm, plan, kernels):
         """compile_graph's sink: one planned graph."""
@@ -94,6 +113,10 @@ class Explanation:
             lines.append("unaligned matmuls (padded to 16-byte leading dimensions where it pays):")
             for g, p in self.paddings:
                 lines.append(f"  [{g}] {p}")
+        if self.matmuls:
+            lines.append("matmuls (a template kernel where its epilogue fuses, BRRR_MATMUL_TEMPLATES=1):")
+            for m in self.matmuls:
+                lines.append(f"  {m}")
         if self.linear_losses:
             lines.append("linear + cross-entropy computed in chunks of rows, without logits:")
             for r in self.linear_losses:
@@ -173,6 +196,8 @@ def record(ex, kind, gm, plan, kernels):
     for step_kind, step in plan.steps:
         if step_kind == "kernel":
             ks = kernels[step]
+            if getattr(step, "mm", None) is not None:   # matmul_fusion.FusedMatmul
+                ex.matmuls.append(_matmul_info(kind, step.mm, ks))
             reads = [a for a in ks.args if a not in ks.stores]
             work = ks.work   # pricing.KernelWork, from runtime.generate_all
             nbytes = work.bytes
@@ -189,9 +214,36 @@ def record(ex, kind, gm, plan, kernels):
             name = f"{getattr(fx.target, 'namespace', 'aten')}.{getattr(fx.target, '__name__', fx.target)}"
             info = OpInfo(name, kind, _shapes(fx), b, step.reason, scope=step.meta.get("scope", "op"))
             (ex.externs if step.producer == "extern" else ex.fallbacks).append(info)
+            if step.producer == "extern" and _matmul_sizes(fx) is not None:
+                ex.matmuls.append(_matmul_info(kind, step, None))
             ex.bytes_fused += b
     for node, why in plan.refusals:
         ex.refusals.append((kind, _node_desc(node), str(why).replace(" kernel ", f" {kind}.")))
+
+
+def _matmul_sizes(fx):
+    """(op, "[B x] M x N x K") of an mm/addmm/bmm/baddbmm FX node, else None."""
+    op = getattr(fx.target, "__name__", "").split(".")[0]
+    if op not in ("mm", "addmm", "bmm", "baddbmm"):
+        return None
+    a, b = (fx.args[1], fx.args[2]) if op in ("addmm", "baddbmm") else fx.args[:2]
+    sa, sb = a.meta["val"].shape, b.meta["val"].shape
+    size = f"{sa[-2]} x {sb[-1]} x {sa[-1]}"
+    return op, (f"{sa[0]} x " + size) if len(sa) == 3 else size
+
+
+def _matmul_info(kind, mm, ks):
+    from brrr.cost.ops import tensor_bytes
+
+    op, size = _matmul_sizes(mm.fx)
+    dtype = str(mm.dtype).replace("torch.", "")
+    if ks is None:
+        return MatmulInfo(kind, op, size, dtype, "cuBLAS")
+    tile = f"template {ks.meta['BLOCK_M']}x{ks.meta['BLOCK_N']}x{ks.meta['BLOCK_K']}"
+    product = tensor_bytes(mm.meta["fake"])
+    saved = product if mm in ks.stores else 2 * product
+    epilogue = [o for o in ks.ops if o not in mm.ops]
+    return MatmulInfo(kind, op, size, dtype, tile, epilogue, saved, ks.name)
 
 
 def explain(fn_or_model, *inputs, train=False, dynamic=False):

@@ -62,6 +62,13 @@ def test_a_trained_block_fuses_forward_and_backward_matmuls_and_matches_eager(te
     ex = brrr.explain(copy.deepcopy(model), x.detach().clone().requires_grad_(), train=True)
     fused = {k.graph: k.ops for k in _fused(ex)}
     assert {"addmm", "gelu"} <= set(fused["forward"]) and "mm" in fused["backward"]
+    # explain lists every matmul; the forward's first keeps its product (the backward reads it): 32 x 64 fp32
+    # written once and never read back
+    up = ex.matmuls[0]
+    assert (up.graph, up.op, up.size, up.epilogue, up.bytes_saved) == ("forward", "addmm", "32 x 64 x 32",
+                                                                       ["gelu"], 32 * 64 * 4)
+    assert up.runs_as.startswith("template ") and "cuBLAS" in {m.runs_as for m in ex.matmuls}
+    assert len(ex.matmuls) == 6 and "matmuls (" in str(ex)
     y = brrr.compile(ours)(x2)
     y.backward(torch.ones_like(y))
     want = model(x)
