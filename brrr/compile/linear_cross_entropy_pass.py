@@ -5,9 +5,11 @@ A language model's head makes logits [rows, vocab], the largest tensor of a trai
 823 MB in bf16, twice that once upcast for the loss, and as much again for their gradient), only for
 cross_entropy to reduce each row to one number. When Dynamo's graph computes
 
-    linear(x, W, b) -> [float() / to(dtype) / view / reshape / contiguous / flatten]* -> cross_entropy(., target)
+    linear(x, W, b) -> [float() / to(dtype) / view / reshape / contiguous / flatten / [..., a:b, :]]*
+        -> cross_entropy(., target)
 
-with class-index targets, no class weights, reduction 'mean' or 'sum', and nothing else reading the logits, the
+(a slice of leading dims, as when the logits are shifted for next-token loss, is taken of x instead) with
+class-index targets, no class weights, reduction 'mean' or 'sum', and nothing else reading the logits, the
 chain becomes one call of `brrr::fused_linear_cross_entropy` (chunks of rows; the gradients are computed in the
 forward, where the logits of a chunk are at hand). This runs before AOTAutograd, on Dynamo's graph, because only
 there are the forward and its backward still one computation: after the partition the logits are already a
@@ -26,7 +28,7 @@ import torch.nn.functional as F
 MIN_LOGITS_BYTES = 64 << 20
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _LINEAR = {torch._C._nn.linear, F.linear}
-_CROSS_ENTROPY = {F.cross_entropy}
+_CROSS_ENTROPY = {F.cross_entropy, torch._C._nn.cross_entropy_loss}
 _SAME_ROWS_METHODS = {"float", "to", "view", "reshape", "contiguous", "flatten"}
 _SAME_ROWS_FUNCTIONS = {torch.reshape, torch.flatten}
 
@@ -55,15 +57,25 @@ def _static_tensor(v):
     return isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in list(v.shape) + list(v.stride()))
 
 
+def _aten_style_cross_entropy(input, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+    """torch._C._nn.cross_entropy_loss's signature (reduction as an enum), read as F.cross_entropy's."""
+    return dict(input=input, target=target, weight=weight, size_average=None, reduce=None,
+                reduction={0: "none", 1: "mean", 2: "sum"}.get(reduction), ignore_index=ignore_index,
+                label_smoothing=label_smoothing)
+
+
 def _cross_entropy_args(node):
     """cross_entropy's arguments by name, or None for a call this pass does not take."""
     import inspect
     try:
-        bound = inspect.signature(F.cross_entropy).bind(*node.args, **node.kwargs)
+        if node.target is F.cross_entropy:
+            bound = inspect.signature(F.cross_entropy).bind(*node.args, **node.kwargs)
+            bound.apply_defaults()
+            a = dict(bound.arguments)
+        else:
+            a = _aten_style_cross_entropy(*node.args, **node.kwargs)
     except TypeError:
         return None
-    bound.apply_defaults()
-    a = bound.arguments
     if a["weight"] is not None or a["size_average"] is not None or a["reduce"] is not None:
         return None
     if a["reduction"] not in ("mean", "sum") or not isinstance(a["ignore_index"], int):
@@ -71,6 +83,28 @@ def _cross_entropy_args(node):
     if not isinstance(a["label_smoothing"], (int, float)):
         return None
     return a
+
+
+def _leading_slice(node, vocab):
+    """The index of a `logits[..., a:b, :]`-style getitem that slices leading dims only (the linear's input can
+    take the same index), or None."""
+    if not (node.op == "call_function" and node.target is operator.getitem):
+        return None
+    src, out, idx = _val(node.args[0]), _val(node), node.args[1]
+    entries = list(idx) if isinstance(idx, tuple) else [idx]
+    if not (_static_tensor(src) and _static_tensor(out)) or not all(
+            e is Ellipsis or isinstance(e, slice) and all(isinstance(v, (int, type(None))) for v in
+                                                          (e.start, e.stop, e.step)) for e in entries):
+        return None
+    if entries.count(Ellipsis) > 1:
+        return None
+    if Ellipsis in entries:
+        at = entries.index(Ellipsis)
+        entries[at:at + 1] = [slice(None)] * (src.dim() - len(entries) + 1)
+    entries += [slice(None)] * (src.dim() - len(entries))
+    if len(entries) != src.dim() or entries[-1] != slice(None) or out.shape[-1] != vocab:
+        return None
+    return tuple(entries)
 
 
 def _keeps_rows(node, vocab):
@@ -101,11 +135,14 @@ def _match(ce):
         return None
     if tv.dtype not in (torch.int64, torch.int32) or tv.device != lv.device or lv.dtype not in FLOAT_DTYPES:
         return None
-    vocab, chain, node = lv.shape[1], [], logits
+    vocab, chain, slices, node = lv.shape[1], [], [], logits
     while isinstance(node, torch.fx.Node) and node.op in ("call_method", "call_function") \
             and node.target not in _LINEAR:
-        if len(node.users) != 1 or not _keeps_rows(node, vocab):
+        sliced = _leading_slice(node, vocab)
+        if len(node.users) != 1 or (sliced is None and not _keeps_rows(node, vocab)):
             return None
+        if sliced is not None:
+            slices.insert(0, sliced)   # applied from the linear's output outwards
         chain.append(node)
         node = node.args[0]
     if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _LINEAR):
@@ -122,7 +159,12 @@ def _match(ce):
     if xv.dtype not in FLOAT_DTYPES or any(v.dtype != xv.dtype or v.device != xv.device
                                           for v in (wv, bv) if v is not None):
         return None
-    return node, chain, args
+    rows_of_x = torch.empty(xv.shape, device="meta")
+    for index in slices:
+        rows_of_x = rows_of_x[index]
+    if rows_of_x.numel() != lv.shape[0] * wv.shape[1]:
+        return None
+    return node, chain, slices, args
 
 
 def _uses_autocast(gm):
@@ -142,13 +184,11 @@ def fuse_linear_cross_entropy(gm):
         found = _match(ce)
         if found is None:
             continue
-        linear, chain, args = found
+        linear, chain, slices, args = found
         x, weight = linear.args[0], linear.args[1]
         bias = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
         xv, wv, bv, lv = _val(x), _val(weight), _val(bias), _val(args["input"])
         rows, hidden, vocab = lv.shape[0], wv.shape[1], wv.shape[0]
-        if xv.numel() != rows * hidden:
-            continue
         held = rows * vocab * (xv.element_size() + (lv.element_size() if lv.dtype != xv.dtype else 0))
         if held < MIN_LOGITS_BYTES:
             continue
@@ -157,6 +197,8 @@ def fuse_linear_cross_entropy(gm):
                  grads and bv is not None and bv.requires_grad)
         g = gm.graph
         with g.inserting_before(ce):
+            for index in slices:   # logits[..., :-1, :] is linear(x[..., :-1, :])
+                x = g.call_function(operator.getitem, (x, index))
             flat = g.call_method("reshape", (x, rows, hidden))
             fused = g.call_function(torch.ops.brrr.fused_linear_cross_entropy.default,
                                     (flat, weight, bias, args["target"], args["ignore_index"], args["reduction"],

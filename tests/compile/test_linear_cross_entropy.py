@@ -256,3 +256,48 @@ def test_a_target_outside_the_vocabulary_gives_nan_never_a_number(row_math):
     loss, gx, gw, gb = _fused(x, w, b, t)
     assert torch.isnan(loss) and torch.isnan(gx[5]).all() and torch.isnan(gw).any() and torch.isnan(gb).any()
     assert not torch.isnan(gx[6]).any()   # other rows keep their gradients
+
+
+class ShiftedLogits(TinyLM):
+    """Next-token loss written the older way: the logits shifted, then the labels."""
+
+    def forward(self, ids, labels):
+        logits = self.head(torch.tanh(self.embed(ids)))
+        shifted = logits[..., :-1, :].contiguous()
+        return F.cross_entropy(shifted.view(-1, VOCAB).float(), labels[..., 1:].contiguous().view(-1))
+
+
+class AtenStyle(TinyLM):
+    def forward(self, ids, labels):
+        logits = self.head(self.embed(ids))
+        return torch._C._nn.cross_entropy_loss(logits.view(-1, VOCAB), labels.view(-1), None, 2, -100, 0.0)
+
+
+@pytest.mark.parametrize("model", [ShiftedLogits, AtenStyle])
+def test_shifted_logits_and_the_aten_style_call_are_rewritten_and_train_as_eager(always, model):
+    torch.manual_seed(0)
+    m = model()
+    ours = copy.deepcopy(m)
+    ids, labels = _ids()
+    (rewrite,) = brrr.explain(copy.deepcopy(m), ids, labels, train=True).linear_losses
+    assert rewrite.rows == (2 * 16 if model is ShiftedLogits else 2 * 17)
+    m(ids, labels).backward()
+    loss = brrr.compile(ours)(ids, labels)
+    loss.backward()
+    torch.testing.assert_close(loss, m(ids, labels))
+    for (name, p), q in zip(m.named_parameters(), ours.parameters()):   # a summed loss: gradients ~4, fp32
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=2e-5, msg=name)
+
+
+class SlicedVocab(TinyLM):
+    def forward(self, ids, labels):   # a slice of the vocabulary is not a slice of rows
+        logits = self.head(self.embed(ids))[..., :50]
+        return F.cross_entropy(logits.reshape(-1, 50), labels.view(-1).clamp(max=49))
+
+
+def test_a_slice_of_the_vocabulary_is_left_alone(always):
+    torch.manual_seed(0)
+    m = SlicedVocab()
+    ids, labels = _ids()
+    assert brrr.explain(m, ids, labels, train=True).linear_losses == []
+    torch.testing.assert_close(brrr.compile(copy.deepcopy(m))(ids, labels), m(ids, labels))
