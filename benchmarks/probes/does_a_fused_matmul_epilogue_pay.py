@@ -9,7 +9,8 @@ cuBLAS's rate to win. With `default_config`'s untuned tiles I expect 60-80% of c
 so a tie or a small loss on that shape, and a win where the epilogue's bytes outweigh the matmul (small K).
 
 Per shape, in one process, bf16: cuBLAS alone (`torch.mm`), the template alone (`template_mm`), and a compiled
-`gelu(linear(x, w, b))` (or `x @ w + residual`) with the fusion off and on. do_bench medians in microseconds.
+`gelu(linear(x, w, b))` with BRRR_MATMUL_TEMPLATES 0 (cuBLAS + brrr's GELU kernel), 1 (fused, default tile)
+and auto (timed per problem, matmul_choice.py). do_bench medians in microseconds.
 
     PYTHONPATH=$PWD python3 benchmarks/probes/does_a_fused_matmul_epilogue_pay.py --out DIR
 """
@@ -60,7 +61,7 @@ def main():
         row = {"shape": name, "M": m, "K": k, "N": n,
                "cublas_mm_us": do_bench(lambda: torch.mm(x, wt)) * 1e3,
                "template_mm_us": do_bench(lambda: template_mm(x, wt)) * 1e3}
-        for flag in ("0", "1"):
+        for flag in ("0", "1", "auto"):
             os.environ["BRRR_MATMUL_TEMPLATES"] = flag
             torch._dynamo.reset()
             fn = brrr.compile(_gelu_linear, cuda_graphs=False)

@@ -11,24 +11,24 @@ The fused kernel runs where the consumer ran. It still stores the product when a
 outputs read it (a training forward saves a pre-activation for its backward); otherwise the product never
 reaches memory. Each refusal is recorded on the plan (explain lists it).
 
-Whether it pays is a measurement brrr has not made yet on a GPU: the pass runs only where `BRRR_MATMUL_TEMPLATES=1`
-(the tests set it); by default every matmul stays a cuBLAS call.
+Whether it pays is decided by matmul_choice.py (`BRRR_MATMUL_TEMPLATES`: off by default; "1" always fuses, "auto"
+times both ways on the GPU per problem, cached on disk). brrr has not measured either on a GPU yet.
 """
-
-import os
 
 import torch
 
-from brrr.compile import ir
-from brrr.compile.codegen.matmul_epilogue import EpilogueRefused, generate_fused
+from brrr.compile import ir, matmul_choice
+from brrr.compile.codegen.matmul_epilogue import EpilogueRefused, generate_fused, strides_of, with_config
 from brrr.compile.codegen.matmul_template import TL
+from brrr.compile.matmul_configs import candidates, default_config, wave_area
 
 _aten = torch.ops.aten
 MATMULS = {_aten.mm.default, _aten.bmm.default, _aten.addmm.default}
+TIMED_DEVICES = ("cuda",)   # where "auto" times the two ways (tests add "cpu": interpreted kernels run there)
 
 
 def enabled():
-    return os.environ.get("BRRR_MATMUL_TEMPLATES") == "1"
+    return matmul_choice.mode() != "off"
 
 
 class FusedMatmul:
@@ -156,6 +156,11 @@ def fuse_matmul_epilogues(plan, kernels, interpreted):
         except (EpilogueRefused, NotImplementedError, ValueError) as e:
             plan.refusals.append((mm, f"matmul epilogue with {consumer.name}: {e}"))
             continue
+        if matmul_choice.mode() == "auto":
+            src, why = _timed(plan, mm, a, b, bias, src, kernels[consumer])
+            if src is None:
+                plan.refusals.append((mm, f"matmul epilogue with {consumer.name}: {why}"))
+                continue
         name, text = kernel_registry.claim(name, src.source)
         src.name, src.source = name, text
         step = FusedMatmul(mm, consumer, name)
@@ -169,3 +174,61 @@ def fuse_matmul_epilogues(plan, kernels, interpreted):
         i -= 1
         fused.append(step)
     return fused
+
+
+def _timed(plan, mm, a, b, bias, fused, consumer_src):
+    """(the fused KernelSource at its fastest tile, None) when it beats cuBLAS + the consumer's kernel on this
+    GPU, else (None, why). Timed once per problem (matmul_choice.py), on real tensors: outside the fake and
+    functional modes AOTAutograd compiles under."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return _timed_here(plan, mm, a, b, bias, fused, consumer_src)
+
+
+def _timed_here(plan, mm, a, b, bias, fused, consumer_src):
+    from brrr.compile.runtime import _device_name, load_kernel
+
+    device = mm.meta["fake"].device
+    if device.type not in TIMED_DEVICES:
+        return None, "no GPU to time it on (BRRR_MATMUL_TEMPLATES=auto)"
+    batch, m, n = mm.shape if len(mm.shape) == 3 else (1, *mm.shape)
+    k = a.shape[-1]
+    first = default_config(m, n, k, mm.dtype, batch)
+    others = sorted((c for c in candidates(m, n, k, mm.dtype, batch) if c != first),
+                    key=lambda c: wave_area(c, m, n, batch))
+    tiles = [first] + others[:matmul_choice.MAX_TILES - 1]
+    name = _device_name(plan)
+    key = matmul_choice.problem_key(name, fused.source, consumer_src.source, repr(tiles))
+    tensors = {}
+
+    def tensor(node):
+        if node not in tensors:   # zeros: any index a kernel loads from them stays in bounds
+            tensors[node] = torch.empty_strided(node.shape, strides_of(node), dtype=node.dtype,
+                                                device=device).zero_()
+        return tensors[node]
+
+    def launch(src):
+        fn = load_kernel(src.source, src.name, name)
+        args = [tensor(x) for x in src.args]
+        return lambda: fn[src.grid](*args, **src.meta)
+
+    operands = [tensor(x) for x in ((bias, a, b) if bias is not None else (a, b))]
+    tensor(mm)
+    consumer = launch(consumer_src)
+
+    def unfused():   # the consumer reads the zeros in `product`: the same work as reading cuBLAS's result
+        mm.fx.target(*operands)
+        consumer()
+
+    ways = {"cublas": unfused}
+    by_name = {}
+    for tile in tiles:
+        src = with_config(fused, tile, mm, k)
+        by_name[f"template {tile}"] = src
+        ways[f"template {tile}"] = launch(src)
+    best = matmul_choice.choose(key, ways)
+    tensors.clear()
+    if best is None or best == "cublas":
+        return None, "cuBLAS and the epilogue's own kernel timed faster"
+    return by_name[best], None

@@ -2,6 +2,7 @@
 product as one template kernel, against eager (float64 references for half types)."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -151,3 +152,79 @@ def test_a_product_also_returned_is_stored_by_the_fused_kernel(templates):
     p, e = brrr.compile(f)(x, w)
     torch.testing.assert_close(p, x @ w)
     torch.testing.assert_close(e, torch.exp(x @ w))
+
+
+class FakeTimer:
+    """Runs each way once (so both must launch) and reports the times given, by way: cuBLAS or a template."""
+
+    def __init__(self, cublas_us, template_us):
+        self.cublas_us, self.template_us, self.calls = cublas_us, template_us, 0
+
+    def __call__(self, run):
+        self.calls += 1
+        run()
+        return self.cublas_us if self.calls == 1 else self.template_us + self.calls
+
+
+@pytest.fixture
+def timed(monkeypatch, tmp_path):
+    from brrr.compile import matmul_choice, matmul_fusion
+
+    monkeypatch.setenv("BRRR_MATMUL_TEMPLATES", "auto")
+    monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(matmul_fusion, "TIMED_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(matmul_choice, "_MEMO", {})
+
+    def use(timer):
+        monkeypatch.setattr(matmul_choice, "_time_us", timer)
+        return timer
+    return use
+
+
+def _relu_mm(x, w):
+    return torch.relu(x @ w) * 2
+
+
+@pytest.mark.parametrize("cublas_us,fuses", [(50.0, True), (1.0, False)])
+def test_auto_keeps_the_way_that_timed_faster_and_caches_it_on_disk(timed, tmp_path, cublas_us, fuses):
+    from brrr.compile import matmul_choice
+
+    x, w = torch.randn(40, 24), torch.randn(24, 36)
+    timer = timed(FakeTimer(cublas_us, 10.0))
+    ex = brrr.explain(_relu_mm, x, w)
+    assert timer.calls == 1 + matmul_choice.MAX_TILES   # cuBLAS + kernel, then each candidate tile
+    assert bool(_fused(ex)) == fuses
+    if not fuses:
+        assert any("timed faster" in why for _, _, why in ex.refusals)
+    (path,) = (tmp_path / "matmul_choices").glob("*.json")
+    entry = json.loads(path.read_text())
+    assert sum(way.startswith("template") for way in entry["times_us"]) == matmul_choice.MAX_TILES
+    assert entry["choice"].startswith("template") == fuses
+    # another process: nothing in memory, the disk's answer, no timing
+    matmul_choice._MEMO.clear()
+    again = timed(FakeTimer(cublas_us, 10.0))
+    ex = brrr.explain(_relu_mm, x, w)
+    assert again.calls == 0 and bool(_fused(ex)) == fuses
+    torch.testing.assert_close(brrr.compile(_relu_mm)(x, w), _relu_mm(x, w))
+
+
+def test_auto_fuses_nothing_without_a_device_to_time_on(monkeypatch):
+    monkeypatch.setenv("BRRR_MATMUL_TEMPLATES", "auto")
+    ex = brrr.explain(_relu_mm, torch.randn(8, 8), torch.randn(8, 8))
+    assert not _fused(ex) and any("no GPU to time it on" in why for _, _, why in ex.refusals)
+
+
+def test_a_way_that_fails_to_run_is_never_chosen(tmp_path, monkeypatch):
+    from brrr.compile import matmul_choice
+
+    monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(matmul_choice, "_MEMO", {})
+
+    def broken():
+        raise RuntimeError("out of shared memory")
+
+    times = iter([3.0])
+    chosen = matmul_choice.choose("k", {"template a": broken, "cublas": lambda: None},
+                                  timer=lambda run: (run(), next(times))[1])
+    assert chosen == "cublas"
+    assert matmul_choice.choose("k2", {"template a": broken}, timer=lambda run: run()) is None

@@ -96,7 +96,7 @@ def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_o
                 and not (store_product and p == "out_ptr0")]
     epilogue = _Rendered(consumer.name, pointers, head + scope.lines)
     config = default_config(m, n, k, mm.dtype, batch)
-    sa, sb = _strides(a), _strides(b)
+    sa, sb = strides_of(a), strides_of(b)
     baked = dict(M=m, N=n, K=k, stride_ab=_batch_stride(a, sa, batched), stride_am=sa[-2], stride_ak=sa[-1],
                  stride_bb=_batch_stride(b, sb, batched), stride_bk=sb[-2], stride_bn=sb[-1], stride_ob=m * n,
                  stride_om=n, stride_on=1)
@@ -112,7 +112,14 @@ def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_o
                         sorted(cg.ops_nodes | {mm}, key=lambda nd: nd.name))
 
 
-def _strides(node):
+def with_config(src, config, mm, k):
+    """`src` (a fused kernel) launched with another tile: the same source, other constexprs and grid."""
+    batch, m, n = mm.shape if len(mm.shape) == 3 else (1, *mm.shape)
+    return KernelSource(src.name, src.source, src.args, (config.tiles(m, n), batch), config.meta(k), src.ops,
+                        src.bytes, src.stores, src.nodes)
+
+
+def strides_of(node):
     """A tensor's strides as the call will see them: a host view's come from its traced value."""
     if node.stride or not node.shape:
         return tuple(node.stride)
@@ -129,7 +136,7 @@ def _wide(a, b, out, numel):
     if numel >= limit // 2:
         return True
     for node in (a, b, out):
-        extent = sum((s - 1) * st for s, st in zip(node.shape, _strides(node)) if s > 0)
+        extent = sum((s - 1) * st for s, st in zip(node.shape, strides_of(node)) if s > 0)
         if extent >= limit // 2:
             return True
     return False
@@ -142,5 +149,5 @@ def _batch_stride(x, strides, batched):
 def _broadcast_index(bias, batched):
     """The bias element of the tile's (pid_b, rm, rn), bias broadcast to the product's shape as addmm does."""
     dims = ("pid_b", "rm", "rn")[-len(bias.shape):] if bias.shape else ()
-    terms = [f"{d} * {st}" for d, size, st in zip(dims, bias.shape, _strides(bias)) if size != 1 and st != 0]
+    terms = [f"{d} * {st}" for d, size, st in zip(dims, bias.shape, strides_of(bias)) if size != 1 and st != 0]
     return " + ".join(terms) + (" + rm * 0 + rn * 0" if terms else "rm * 0 + rn * 0")
