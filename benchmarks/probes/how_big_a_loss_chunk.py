@@ -3,9 +3,10 @@
 Not yet run (no device time left when it was written). Prediction, from counted bytes and FLOPs at Qwen2-0.5B's
 head (4096 x 896 -> 151936, bf16; H100 ~650 TFLOP/s bf16 matmul, ~3 TB/s): three matmuls 3.35 TFLOP ~ 5.2 ms;
 eager's chain moves ~30 GB around them (upcast, log_softmax, its backward, the cast back) ~ 15 ms and peaks
-~7 GB above its inputs; chunked (2048-row chunks) moves ~3.7 GB in its row kernel plus 1.1 GB accumulating the
-weight gradient ~ 6.8 ms, peak ~1 GB (a chunk of logits, the weight gradient, the input gradient). 512-row chunks
-should lose ~1 ms to accumulation: each adds into the whole 272 MB weight gradient.
+~7 GB above its inputs; chunked (2048-row chunks) runs a fourth matmul (the backward recomputes the logits) ~ 6.9 ms,
+moves ~3.7 GB in its row kernels (read once forward, read and written once backward) plus 1.1 GB accumulating
+the weight gradient ~ 1.6 ms: ~8.5 ms, peak ~1 GB (a chunk of logits, the weight gradient, the input gradient).
+512-row chunks should lose ~1 ms to accumulation: each adds into the whole 272 MB weight gradient.
 
 Forward + backward of `cross_entropy(linear(x, W).float(), target)` at LM-head shapes (bf16, 10% of targets
 ignored), each way in one process:
@@ -53,8 +54,7 @@ def _eager(x, w, t):
 
 
 def _chunked(x, w, t):
-    return torch.ops.brrr.fused_linear_cross_entropy(x, w, None, t, -100, "mean", 0.0, True, True, False,
-                                                     torch.float32)[0]
+    return torch.ops.brrr.fused_linear_cross_entropy(x, w, None, t, -100, "mean", 0.0, torch.float32)[0]
 
 
 def _measure(fn, x, w, t):

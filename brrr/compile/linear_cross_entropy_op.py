@@ -1,21 +1,24 @@
 """Linear + cross-entropy in chunks of rows, never holding the logits (capture -> linear_cross_entropy_pass puts
-this op in the graph -> AOTAutograd -> lower, where it is an Extern -> runtime calls it).
+this op in the graph -> AOTAutograd -> lower, where both ops are Externs -> runtime calls them).
 
-    loss, grad_x, grad_weight, grad_bias = torch.ops.brrr.fused_linear_cross_entropy(
-        x, weight, bias, target, ignore_index, reduction, label_smoothing, grad_x, grad_weight, grad_bias, dtype)
+    loss, lse = torch.ops.brrr.fused_linear_cross_entropy(
+        x, weight, bias, target, ignore_index, reduction, label_smoothing, dtype)
+    grad_x, grad_weight, grad_bias = torch.ops.brrr.fused_linear_cross_entropy_backward(
+        grad_loss, x, weight, bias, target, lse, ignore_index, reduction, label_smoothing,
+        grad_x, grad_weight, grad_bias)
 
-is `cross_entropy(x @ weight.T + bias, target, ...)` for 2-D `x` [rows, hidden] (a target outside the
-vocabulary, which eager refuses with an error, gives a nan loss and nan gradients here), with the gradients of the loss
-(scaled for a gradient of 1) asked for by the three flags; those not asked for come back empty. Its autograd
-formula only scales them by the loss's gradient: the loss is a scalar ('mean' or 'sum'), so each gradient is
-linear in it. So a training step keeps no logits for the backward and recomputes none.
+The forward is `cross_entropy(x @ weight.T + bias, target, ...)` for 2-D `x` [rows, hidden] (a target outside
+the vocabulary, which eager refuses with an error, gives a nan loss and nan gradients here), and keeps one
+number per row, the log-sum-exp. Its autograd formula calls the backward, which recomputes each chunk's
+logits: a step that never runs its backward (an evaluation with grad enabled) pays one matmul, as eager does,
+and a training step one more matmul than eager's three, for no logits stored at all.
 
-Per chunk of rows (chunk_rows): one matmul makes the chunk's logits (cuBLAS, in x's dtype, as the unfused linear does); one
-Triton kernel reads each row twice (online max and sum-exp with the target logit, then the gradient
-softmax - one-hot, written over the logits in place); then the chunk's input-gradient rows (one matmul) and the
-weight's gradient (one matmul accumulated into it, beta=1). Peak memory holds one chunk of logits, not all rows.
-Where Triton cannot run (a CPU tensor without TRITON_INTERPRET=1, as when explain runs a graph) the per-row math
-runs as torch ops, chunk by chunk alike.
+Per chunk of rows (`chunk_rows`): one matmul makes the chunk's logits (cuBLAS, in x's dtype, as the unfused
+linear does). Forward: one Triton kernel reads each row once (online max and sum-exp, the target logit, the
+row sum for label smoothing). Backward: one kernel reads each row once more and writes the gradient
+(softmax - one-hot, times the loss's gradient and the mean's 1/count) over it in place; then the input-gradient
+rows (one matmul) and the weight's gradient (one matmul accumulated into it, beta=1). Where Triton cannot run (a
+CPU tensor without TRITON_INTERPRET=1, as when explain runs a graph) the per-row math runs as torch ops.
 """
 
 import os
@@ -33,9 +36,9 @@ def chunk_rows(rows, vocab, hidden, itemsize):
     """Rows per chunk, a power of two: as many as CHUNK_BYTES of logits hold, but at least ROWS_PER_HIDDEN x hidden.
 
     Each chunk adds its weight gradient into the whole [vocab, hidden] accumulator: 4 x vocab x hidden bytes read
-    and written, against 6 x chunk x vocab bytes the row kernel moves. At 2 rows per hidden unit the
-    accumulation costs a third of the kernel's traffic (Qwen2-0.5B's head: 2048-row chunks, 0.6 GB of logits each,
-    where the memory budget alone would cut 512-row chunks and pay more for accumulating than for the kernel)."""
+    and written, against 4 x chunk x vocab bytes the backward's row kernel moves. At 2 rows per hidden unit the
+    accumulation costs half the kernel's traffic (Qwen2-0.5B's head: 2048-row chunks, 0.6 GB of logits each,
+    where the memory budget alone would cut 512-row chunks and pay twice the kernel's traffic accumulating)."""
     by_memory = max(16, CHUNK_BYTES // max(1, vocab * itemsize))
     by_weight = ROWS_PER_HIDDEN * hidden
     fit = max(1 << (by_memory.bit_length() - 1), 1 << max(0, by_weight - 1).bit_length())
@@ -43,22 +46,21 @@ def chunk_rows(rows, vocab, hidden, itemsize):
 
 
 def _triton_runs(t):
-    return t.is_cuda or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+    return t.dtype != torch.float64 and (
+        t.is_cuda or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"))
 
 
-def _row_kernel():
+def _kernels():
     import triton
     import triton.language as tl
 
     @triton.jit
-    def brrr_cross_entropy_rows(logits_ptr, row_stride, target_ptr, loss_ptr, scale_ptr, vocab, ignore_index,
-                                smoothing, WRITE_GRAD: tl.constexpr, SMOOTH: tl.constexpr,
-                                BLOCK: tl.constexpr):
+    def brrr_cross_entropy_rows(logits_ptr, row_stride, target_ptr, loss_ptr, lse_ptr, vocab, ignore_index,
+                                smoothing, SMOOTH: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         base = logits_ptr + row * row_stride
         cols = tl.arange(0, BLOCK)
-        big = tl.full([BLOCK], float("-inf"), tl.float32)
-        run_max = big
+        run_max = tl.full([BLOCK], float("-inf"), tl.float32)
         run_sum = tl.zeros([BLOCK], tl.float32)
         total = tl.zeros([BLOCK], tl.float32)
         for start in range(0, vocab, BLOCK):
@@ -81,52 +83,77 @@ def _row_kernel():
         if SMOOTH:
             loss = (1.0 - smoothing) * loss + smoothing * (lse - tl.sum(total, 0) / vocab)
         tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
-        if WRITE_GRAD:
-            scale = tl.where(ignored, 0.0, tl.where(known, tl.load(scale_ptr), float("nan")))
-            for start in range(0, vocab, BLOCK):
-                mask = start + cols < vocab
-                v = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32)
-                g = tl.exp(v - lse) - tl.where(start + cols == target, 1.0 - smoothing, 0.0)
-                if SMOOTH:
-                    g = g - smoothing / vocab
-                tl.store(base + start + cols, (g * scale).to(logits_ptr.dtype.element_ty), mask=mask)
+        tl.store(lse_ptr + row, lse)
 
-    return brrr_cross_entropy_rows
+    @triton.jit
+    def brrr_cross_entropy_rows_backward(logits_ptr, row_stride, target_ptr, lse_ptr, scale_ptr, vocab,
+                                         ignore_index, smoothing, SMOOTH: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        base = logits_ptr + row * row_stride
+        cols = tl.arange(0, BLOCK)
+        target = tl.load(target_ptr + row)
+        ignored = target == ignore_index
+        known = (target >= 0) & (target < vocab)
+        scale = tl.where(ignored, 0.0, tl.where(known, tl.load(scale_ptr), float("nan")))
+        lse = tl.load(lse_ptr + row)
+        for start in range(0, vocab, BLOCK):
+            mask = start + cols < vocab
+            v = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            g = tl.exp(v - lse) - tl.where(start + cols == target, 1.0 - smoothing, 0.0)
+            if SMOOTH:
+                g = g - smoothing / vocab
+            tl.store(base + start + cols, (g * scale).to(logits_ptr.dtype.element_ty), mask=mask)
+
+    return brrr_cross_entropy_rows, brrr_cross_entropy_rows_backward
 
 
-_KERNEL = []
+_KERNELS = []
 
 
-def _rows_triton(logits, target, loss, scale, ignore_index, smoothing, write_grad):
-    if not _KERNEL:
-        _KERNEL.append(_row_kernel())
+def _launch(which, logits, *args, smoothing):
+    if not _KERNELS:
+        _KERNELS.extend(_kernels())
     rows, vocab = logits.shape
     if rows == 0:
         return
     block = min(ROW_BLOCK, 1 << max(4, (vocab - 1).bit_length()))
-    _KERNEL[0][(rows,)](logits, logits.stride(0), target, loss, scale, vocab, ignore_index, float(smoothing),
-                        WRITE_GRAD=write_grad, SMOOTH=smoothing != 0, BLOCK=block,
-                        num_warps=8 if block >= 1024 else 4)
+    _KERNELS[which][(rows,)](logits, logits.stride(0), *args, SMOOTH=smoothing != 0, BLOCK=block,
+                             num_warps=8 if block >= 1024 else 4)
 
 
-def _rows_torch(logits, target, loss, scale, ignore_index, smoothing, write_grad):
-    """The same per-row math as torch ops (devices Triton cannot run on)."""
+def _rows_forward(logits, target, loss, lse, ignore_index, smoothing):
+    """Per row: the loss (0 where ignored) into `loss`, the log-sum-exp into `lse`."""
+    if _triton_runs(logits):
+        _launch(0, logits, target, loss, lse, logits.shape[1], ignore_index, float(smoothing), smoothing=smoothing)
+        return
+    values = logits if logits.dtype == torch.float64 else logits.float()
+    ignored = target == ignore_index
+    known = (target >= 0) & (target < values.shape[1])
+    row_lse = torch.logsumexp(values, 1)
+    picked = values.gather(1, torch.where(known, target, 0).unsqueeze(1)).squeeze(1)
+    row_loss = torch.where(known, row_lse - picked, float("nan"))
+    if smoothing:
+        row_loss = (1 - smoothing) * row_loss + smoothing * (row_lse - values.mean(1))
+    loss.copy_(torch.where(ignored, 0.0, row_loss))
+    lse.copy_(row_lse)
+
+
+def _rows_backward(logits, target, lse, scale, ignore_index, smoothing):
+    """Per row, over the logits in place: (softmax - smoothed one-hot) x scale, 0 where ignored."""
+    if _triton_runs(logits):
+        _launch(1, logits, target, lse, scale, logits.shape[1], ignore_index, float(smoothing),
+                smoothing=smoothing)
+        return
     values = logits if logits.dtype == torch.float64 else logits.float()
     ignored = target == ignore_index
     known = (target >= 0) & (target < values.shape[1])
     picked_at = torch.where(known, target, 0).unsqueeze(1)
-    lse = torch.logsumexp(values, 1)
-    row_loss = torch.where(known, lse - values.gather(1, picked_at).squeeze(1), float("nan"))
+    grad = torch.exp(values - lse.to(values.dtype).unsqueeze(1))
+    grad.scatter_add_(1, picked_at, torch.full_like(picked_at, -(1.0 - smoothing), dtype=grad.dtype))
     if smoothing:
-        row_loss = (1 - smoothing) * row_loss + smoothing * (lse - values.mean(1))
-    loss.copy_(torch.where(ignored, 0.0, row_loss))
-    if write_grad:
-        grad = torch.exp(values - lse.unsqueeze(1))
-        grad.scatter_add_(1, picked_at, torch.full_like(picked_at, -(1.0 - smoothing), dtype=grad.dtype))
-        if smoothing:
-            grad -= smoothing / values.shape[1]
-        row_scale = torch.where(ignored, 0.0, torch.where(known, scale, float("nan")))
-        logits.copy_(grad * row_scale.unsqueeze(1))
+        grad -= smoothing / values.shape[1]
+    row_scale = torch.where(ignored, 0.0, torch.where(known, scale.to(values.dtype), float("nan")))
+    logits.copy_(grad * row_scale.unsqueeze(1))
 
 
 def _check(x, weight, bias, target, reduction):
@@ -141,33 +168,16 @@ def _check(x, weight, bias, target, reduction):
         raise ValueError(f"fused_linear_cross_entropy: reduction {reduction!r} (only 'mean' and 'sum')")
 
 
-def _empty(like):
-    return like.new_empty(0)
+def _accumulator(x):
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-@torch.library.custom_op("brrr::fused_linear_cross_entropy", mutates_args=())
-def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                               target: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float,
-                               grad_x: bool, grad_weight: bool, grad_bias: bool, dtype: torch.dtype
-                               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    _check(x, weight, bias, target, reduction)
+def _chunks(x, weight, bias):
+    """(start, stop, chunk of x, its logits [chunk, vocab]) for each chunk of rows, the logits made as needed."""
     rows, vocab = x.shape[0], weight.shape[0]
-    # the kernel computes in fp32; float64 (a direct caller's, never the pass's) keeps its precision in torch ops
-    run_rows = _rows_triton if _triton_runs(x) and x.dtype != torch.float64 else _rows_torch
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    ignored = target == ignore_index
-    if reduction == "mean":
-        scale = 1.0 / (~ignored).sum(dtype=acc).reshape(1)   # no host sync: it stays a tensor
-    else:
-        scale = torch.ones(1, dtype=acc, device=x.device)
-    row_loss = torch.empty(rows, dtype=acc, device=x.device)
-    gx = torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else _empty(x)
-    gw = torch.zeros_like(weight, memory_format=torch.contiguous_format) if grad_weight else _empty(weight)
-    gb = torch.zeros(vocab, dtype=acc, device=x.device) if grad_bias else _empty(x)
-    write_grad = grad_x or grad_weight or grad_bias
     step = chunk_rows(rows, vocab, x.shape[1], x.element_size())
     # logits rows of a vocabulary that is not a multiple of 16 bytes would send every matmul here to cuBLAS's
-    # slow unaligned kernels: the weight gets zero rows, the logits a padded row stride, and the kernel and the
+    # slow unaligned kernels: the weight gets zero rows, the logits a padded row stride, and the kernels and the
     # gradient matmuls read the real columns through that stride
     pad = (-vocab) % max(1, 16 // x.element_size())
     weight_t = (torch.nn.functional.pad(weight, (0, 0, 0, pad)) if pad else weight).t()
@@ -176,46 +186,97 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Opti
         stop = min(rows, start + step)
         xc = x[start:stop]
         logits = xc @ weight_t if bias is None else torch.addmm(bias_row, xc, weight_t)
-        logits = logits[:, :vocab]
-        run_rows(logits, target[start:stop], row_loss[start:stop], scale, ignore_index, label_smoothing,
-                 write_grad)
-        if grad_x:
-            torch.mm(logits, weight, out=gx[start:stop])
-        if grad_weight:
-            gw.addmm_(logits.t(), xc)
-        if grad_bias:
-            gb += logits.sum(0, dtype=acc)
-    loss = (row_loss.sum() * scale[0]).to(dtype)
-    return loss, gx, gw, gb.to(bias.dtype) if grad_bias else gb
+        yield start, stop, xc, logits[:, :vocab]
+
+
+@torch.library.custom_op("brrr::fused_linear_cross_entropy", mutates_args=())
+def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                               target: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float,
+                               dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    _check(x, weight, bias, target, reduction)
+    acc = _accumulator(x)
+    row_loss = torch.empty(x.shape[0], dtype=acc, device=x.device)
+    lse = torch.empty(x.shape[0], dtype=acc, device=x.device)
+    for start, stop, _, logits in _chunks(x, weight, bias):
+        _rows_forward(logits, target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
+                      label_smoothing)
+    loss = row_loss.sum()
+    if reduction == "mean":   # a count of 0 gives nan, as eager's mean over no rows does
+        loss = loss / (target != ignore_index).sum(dtype=acc)
+    return loss.to(dtype), lse
 
 
 @fused_linear_cross_entropy.register_fake
-def _(x, weight, bias, target, ignore_index, reduction, label_smoothing, grad_x, grad_weight, grad_bias, dtype):
+def _(x, weight, bias, target, ignore_index, reduction, label_smoothing, dtype):
     _check(x, weight, bias, target, reduction)
-    return (x.new_empty((), dtype=dtype),
-            torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else _empty(x),
-            torch.empty_like(weight, memory_format=torch.contiguous_format) if grad_weight else _empty(weight),
-            bias.new_empty(bias.shape) if grad_bias else _empty(x))
+    return x.new_empty((), dtype=dtype), x.new_empty(x.shape[0], dtype=_accumulator(x))
+
+
+@torch.library.custom_op("brrr::fused_linear_cross_entropy_backward", mutates_args=())
+def fused_linear_cross_entropy_backward(grad_loss: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                                        bias: Optional[torch.Tensor], target: torch.Tensor, lse: torch.Tensor,
+                                        ignore_index: int, reduction: str, label_smoothing: float, grad_x: bool,
+                                        grad_weight: bool, grad_bias: bool
+                                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    acc = _accumulator(x)
+    scale = grad_loss.to(acc).reshape(1)   # a tensor throughout: no host sync
+    if reduction == "mean":
+        scale = scale / (target != ignore_index).sum(dtype=acc)
+    gx = torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else x.new_empty(0)
+    gw = torch.zeros_like(weight, memory_format=torch.contiguous_format) if grad_weight else weight.new_empty(0)
+    gb = torch.zeros(weight.shape[0], dtype=acc, device=x.device) if grad_bias else x.new_empty(0)
+    if grad_x or grad_weight or grad_bias:
+        for start, stop, xc, logits in _chunks(x, weight, bias):
+            _rows_backward(logits, target[start:stop], lse[start:stop], scale, ignore_index, label_smoothing)
+            if grad_x:
+                torch.mm(logits, weight, out=gx[start:stop])
+            if grad_weight:
+                gw.addmm_(logits.t(), xc)
+            if grad_bias:
+                gb += logits.sum(0, dtype=acc)
+    return gx, gw, gb.to(bias.dtype) if grad_bias else gb
+
+
+@fused_linear_cross_entropy_backward.register_fake
+def _(grad_loss, x, weight, bias, target, lse, ignore_index, reduction, label_smoothing, grad_x, grad_weight,
+      grad_bias):
+    return (torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else x.new_empty(0),
+            torch.empty_like(weight, memory_format=torch.contiguous_format) if grad_weight else weight.new_empty(0),
+            bias.new_empty(bias.shape) if grad_bias else x.new_empty(0))
 
 
 def _setup_context(ctx, inputs, output):
-    _, gx, gw, gb = output
-    ctx.asked = inputs[7:10]
-    ctx.save_for_backward(gx, gw, gb)
+    x, weight, bias, target, ignore_index, reduction, label_smoothing, _ = inputs
+    ctx.save_for_backward(x, weight, bias, target, output[1])
+    ctx.options = (ignore_index, reduction, label_smoothing)
 
 
-def _backward(ctx, grad_loss, *_unused):
-    saved = ctx.saved_tensors
-    gx, gw, gb = ((g * grad_loss).to(g.dtype) if asked else None for g, asked in zip(saved, ctx.asked))
-    return gx, gw, gb, None, None, None, None, None, None, None, None
+def _backward(ctx, grad_loss, _grad_lse):
+    x, weight, bias, target, lse = ctx.saved_tensors
+    asked = ctx.needs_input_grad
+    gx, gw, gb = torch.ops.brrr.fused_linear_cross_entropy_backward(
+        grad_loss, x, weight, bias, target, lse, *ctx.options, asked[0], asked[1], bias is not None and asked[2])
+    return (gx if asked[0] else None, gw if asked[1] else None, gb if bias is not None and asked[2] else None,
+            None, None, None, None, None)
 
 
 fused_linear_cross_entropy.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _matmul_flops(rows, hidden, vocab):
+    return 2 * rows * hidden * vocab
+
+
 @torch.utils.flop_counter.register_flop_formula(torch.ops.brrr.fused_linear_cross_entropy)
-def _flops(x_shape, weight_shape, bias_shape, target_shape, ignore_index, reduction, label_smoothing, grad_x,
-           grad_weight, grad_bias, dtype, out_shape=None, **kwargs) -> int:
-    """The matmuls' FLOPs (the logits, and each gradient asked for), as torch.utils.flop_counter counts mm."""
-    rows, hidden = x_shape
-    return 2 * rows * hidden * weight_shape[0] * (1 + bool(grad_x) + bool(grad_weight))
+def _forward_flops(x_shape, weight_shape, *args, out_shape=None, **kwargs) -> int:
+    """The logits' matmul, as torch.utils.flop_counter counts mm."""
+    return _matmul_flops(*x_shape, weight_shape[0])
+
+
+@torch.utils.flop_counter.register_flop_formula(torch.ops.brrr.fused_linear_cross_entropy_backward)
+def _backward_flops(grad_shape, x_shape, weight_shape, bias_shape, target_shape, lse_shape, ignore_index,
+                    reduction, label_smoothing, grad_x, grad_weight, grad_bias, out_shape=None, **kwargs) -> int:
+    """The logits' matmul again, and one per gradient asked for (the bias's is a sum, not counted)."""
+    if not (grad_x or grad_weight or grad_bias):
+        return 0
+    return _matmul_flops(*x_shape, weight_shape[0]) * (1 + bool(grad_x) + bool(grad_weight))

@@ -16,8 +16,9 @@ from brrr.compile.ir import Const, IndexValue, Op
 
 aten = torch.ops.aten
 LOWERINGS = {}
+# the last two are brrr's own ops (linear_cross_entropy_op.py): matmuls and a row kernel per chunk
 EXTERN_OPS = {"mm", "bmm", "addmm", "baddbmm", "convolution", "convolution_backward",
-              "fused_linear_cross_entropy"}   # brrr's own op (linear_cross_entropy_op.py): matmuls and a kernel
+              "fused_linear_cross_entropy", "fused_linear_cross_entropy_backward"}
 
 
 def is_extern(name):

@@ -35,8 +35,12 @@ def _reference(x, w, b, t, dtype=torch.float64, **kwargs):
 
 
 def _fused(x, w, b, t, reduction="mean", label_smoothing=0.0, ignore_index=-100):
-    loss, gx, gw, gb = torch.ops.brrr.fused_linear_cross_entropy(
-        x, w, b, t, ignore_index, reduction, label_smoothing, True, True, b is not None, x.dtype)
+    """The forward op's loss, then the backward op's gradients for a loss gradient of 1."""
+    loss, lse = torch.ops.brrr.fused_linear_cross_entropy(x, w, b, t, ignore_index, reduction, label_smoothing,
+                                                          x.dtype)
+    gx, gw, gb = torch.ops.brrr.fused_linear_cross_entropy_backward(
+        torch.ones((), dtype=x.dtype), x, w, b, t, lse, ignore_index, reduction, label_smoothing, True, True,
+        b is not None)
     return [loss, gx, gw] + ([gb] if b is not None else [])
 
 
@@ -232,30 +236,26 @@ def test_small_logits_stay_with_the_fused_softmax_kernels():
     assert brrr.explain(TinyLM(), ids, labels, train=True).linear_losses == []
 
 
-def test_the_op_is_priced_as_its_matmuls():
+def test_the_ops_are_priced_as_their_matmuls():
     from torch.utils.flop_counter import FlopCounterMode
 
     from brrr.cost.ops import op_cost
 
     x, w, b, t = _inputs(torch.float32)
-    fused = torch.ops.brrr.fused_linear_cross_entropy.default
-    for grads, matmuls in (((True, True, True), 3), ((False, True, False), 2), ((False, False, False), 1)):
-        args = (x, w, b, t, -100, "mean", 0.0, *grads, torch.float32)
+    forward = torch.ops.brrr.fused_linear_cross_entropy.default
+    backward = torch.ops.brrr.fused_linear_cross_entropy_backward.default
+    one_matmul = 2 * ROWS * HIDDEN * VOCAB
+    args = (x, w, b, t, -100, "mean", 0.0, torch.float32)
+    with FlopCounterMode(display=False) as counter:
+        loss, lse = forward(*args)
+    assert counter.get_total_flops() == one_matmul   # a forward alone costs what eager's linear does
+    assert op_cost(forward, args, {}, (loss, lse)).op_class == "contraction"
+    for grads, matmuls in (((True, True, True), 3), ((False, True, False), 2), ((False, False, False), 0)):
+        args = (torch.ones(()), x, w, b, t, lse, -100, "mean", 0.0, *grads)
         with FlopCounterMode(display=False) as counter:
-            out = fused(*args)
-        assert counter.get_total_flops() == 2 * ROWS * HIDDEN * VOCAB * matmuls
-        cost = op_cost(fused, args, {}, out)
-        assert cost.op_class == "contraction" and cost.flops == counter.get_total_flops()
-
-
-def test_a_target_outside_the_vocabulary_gives_nan_never_a_number(row_math):
-    x, w, b, t = _inputs(torch.float32)
-    t[5] = VOCAB
-    with pytest.raises((IndexError, RuntimeError)):   # eager on the CPU; on CUDA a device-side assert
-        _reference(x, w, b, t)
-    loss, gx, gw, gb = _fused(x, w, b, t)
-    assert torch.isnan(loss) and torch.isnan(gx[5]).all() and torch.isnan(gw).any() and torch.isnan(gb).any()
-    assert not torch.isnan(gx[6]).any()   # other rows keep their gradients
+            out = backward(*args)
+        assert counter.get_total_flops() == one_matmul * matmuls
+        assert op_cost(backward, args, {}, out).flops == one_matmul * matmuls
 
 
 class ShiftedLogits(TinyLM):
@@ -301,3 +301,13 @@ def test_a_slice_of_the_vocabulary_is_left_alone(always):
     ids, labels = _ids()
     assert brrr.explain(m, ids, labels, train=True).linear_losses == []
     torch.testing.assert_close(brrr.compile(copy.deepcopy(m))(ids, labels), m(ids, labels))
+
+
+def test_a_target_outside_the_vocabulary_gives_nan_never_a_number(row_math):
+    x, w, b, t = _inputs(torch.float32)
+    t[5] = VOCAB
+    with pytest.raises((IndexError, RuntimeError)):   # eager on the CPU; on CUDA a device-side assert
+        _reference(x, w, b, t)
+    loss, gx, gw, gb = _fused(x, w, b, t)
+    assert torch.isnan(loss) and torch.isnan(gx[5]).all() and torch.isnan(gw).any() and torch.isnan(gb).any()
+    assert not torch.isnan(gx[6]).any()   # other rows keep their gradients
