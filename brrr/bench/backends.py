@@ -3,7 +3,8 @@
 `resolve_backend("brrr")` falls back to importing `brrr.compile.backend.brrr_backend` when the
 `torch_dynamo_backends` entry point is not installed (e.g. a checkout run with PYTHONPATH);
 "brrr-cudagraphs" is brrr with `cuda_graphs=True` (each compiled graph replayed from a CUDA graph) and
-"brrr-launches" brrr with `cuda_graphs=False` (never replayed; plain "brrr" chooses by timing). Callables are
+"brrr-launches" brrr with `cuda_graphs=False` (never replayed; plain "brrr" chooses by timing), "brrr-templates"
+brrr with `matmul_templates="auto"` (matmul epilogues fused where timing says so). Callables are
 passed through (tests register doubles that way). `fresh_compile` resets Dynamo first, so every backend
 starts from nothing and the first call pays the whole compile.
 """
@@ -13,7 +14,11 @@ import contextlib
 import torch
 
 
-BRRR_VARIANTS = {"brrr-cudagraphs": True, "brrr-launches": False}   # name -> brrr's cuda_graphs option
+BRRR_VARIANTS = {   # name -> brrr.compile's options
+    "brrr-cudagraphs": {"cuda_graphs": True},
+    "brrr-launches": {"cuda_graphs": False},
+    "brrr-templates": {"matmul_templates": "auto"},
+}
 
 
 def backend_name(backend):
@@ -31,7 +36,7 @@ def resolve_backend(backend):
     if backend in BRRR_VARIANTS:
         from brrr.compile.backend import make_backend
 
-        fn = make_backend(cuda_graphs=BRRR_VARIANTS[backend])
+        fn = make_backend(**BRRR_VARIANTS[backend])
         fn.__name__ = backend
         return fn
     from torch._dynamo.backends.registry import lookup_backend

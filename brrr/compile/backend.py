@@ -109,8 +109,9 @@ def plan_graph(gm, forced=None):
     return schedule(lower(gm, forced))
 
 
-def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind="forward"):
-    """One core-ATen graph -> a callable. `sink` (explain) observes each plan instead of building it.
+def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind="forward", matmul_templates=None):
+    """One core-ATen graph -> a callable. `sink` (explain) observes each plan instead of building it;
+    `matmul_templates` is brrr.compile's option (matmul_choice.py).
 
     A kernel that fails to generate or compile (and, later, on its first launch) gets the graph re-planned
     with its ops as ATen calls, up to MAX_REPLANS times; anything else that stops the graph from compiling
@@ -132,13 +133,13 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
                 raise
             raise GraphFallback(f"planning failed ({type(e).__name__}: {str(e)[:200]})") from e
         if sink is not None:
-            sink.planned(graph_kind, gm, plan, generate_all(plan, graph_kind))
+            sink.planned(graph_kind, gm, plan, generate_all(plan, graph_kind, matmul_templates))
             return make_boxed_func(gm)
         for fx, why, scope in plan.lowering.fallbacks:
             if scope == "op":
                 warn_once(f"aten.{getattr(fx.target, '__name__', fx.target)} runs as ATen: {why}")
         compiled, _ = build(plan, gm, cuda_graphs=cuda_graphs if "cuda" in _devices(gm) else False,
-                            kind=graph_kind)
+                            kind=graph_kind, matmul_templates=matmul_templates)
         compiled.replan = replan
         return compiled
 
@@ -178,7 +179,7 @@ def _dynamo_graph_fallback(reason, eager_forward, sink):
     return eager_forward
 
 
-def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, **options):
+def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, matmul_templates=None, **options):
     """The Dynamo backend: AOTAutograd (core-ATen decompositions, min-cut partitioner) around compile_graph;
     plain graphs then run from brrr's lean runtime instead of AOTAutograd's wrappers (lean_autograd.py).
     A graph brrr cannot compile (GraphFallback) runs as Dynamo captured it: `gm.forward`, taken before any
@@ -187,13 +188,14 @@ def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, **options):
     reason = graph_refusal(gm, example_inputs, planning_only=_sink is not None)
     if reason == SYMBOLIC and _sink is None and device_refusal(gm, example_inputs) is None:
         return PerShape(gm, functools.partial(_compile_static, eager_forward=eager_forward,
-                                              cuda_graphs=cuda_graphs), eager_forward)
+                                              cuda_graphs=cuda_graphs, matmul_templates=matmul_templates),
+                        eager_forward)
     if reason:
         return _dynamo_graph_fallback(reason, eager_forward, _sink)
-    return _compile_static(gm, example_inputs, eager_forward, cuda_graphs, _sink)
+    return _compile_static(gm, example_inputs, eager_forward, cuda_graphs, _sink, matmul_templates)
 
 
-def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink=None):
+def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink=None, matmul_templates=None):
     """brrr_backend for a graph of concrete sizes."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -206,7 +208,8 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
     def compiler(kind):
         def compile_kind(g, inputs):
             try:
-                compiled = compile_graph(g, inputs, cuda_graphs=cuda_graphs, sink=_sink, graph_kind=kind)
+                compiled = compile_graph(g, inputs, cuda_graphs=cuda_graphs, sink=_sink, graph_kind=kind,
+                                         matmul_templates=matmul_templates)
             except GraphFallback as e:
                 if compiling[0]:
                     raise
@@ -266,10 +269,15 @@ CUDA_GRAPHS = ("auto", True, False)
 def compile(model, **options):
     """torch.compile(model, backend=brrr with `options`). cuda_graphs: "auto" (default: each graph replays from
     a CUDA graph when timing shows that is faster, replay_choice.py), True (always, once its inputs allow) or
-    False (never)."""
-    unknown = set(options) - {"cuda_graphs"}
+    False (never). matmul_templates: "off", "always" or "auto" (matmul_choice.py; default: BRRR_MATMUL_TEMPLATES,
+    off when unset): whether a matmul and its epilogue run as one brrr kernel."""
+    from brrr.compile.matmul_choice import MODES
+
+    unknown = set(options) - {"cuda_graphs", "matmul_templates"}
     if unknown:
         raise TypeError(f"unknown brrr.compile options: {sorted(unknown)}")
     if options.get("cuda_graphs", "auto") not in CUDA_GRAPHS:
         raise ValueError(f"cuda_graphs={options['cuda_graphs']!r}: choose \"auto\", True or False")
+    if options.get("matmul_templates") not in MODES + (None,):
+        raise ValueError(f"matmul_templates={options['matmul_templates']!r}: choose one of {MODES}")
     return torch.compile(model, backend=make_backend(**options))

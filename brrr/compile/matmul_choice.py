@@ -1,7 +1,8 @@
 """Whether a fusable matmul runs as brrr's template with its epilogue or as cuBLAS then the epilogue's kernel,
 and with which tile: by timing, once per problem, cached on disk (matmul_fusion -> **choice** -> runtime).
 
-`BRRR_MATMUL_TEMPLATES` says how matmul_fusion decides:
+`brrr.compile(model, matmul_templates=...)` ("off", "always", "auto"), else `BRRR_MATMUL_TEMPLATES` (0, 1, auto),
+says how matmul_fusion decides:
 - unset or "0": never fuse (every matmul a cuBLAS Extern), the default until GPU measurements say otherwise;
 - "1": fuse wherever the epilogue can, with `matmul_configs.default_config`'s tile (tests, probes);
 - "auto": on a GPU, time cuBLAS + the epilogue's own kernel against the fused kernel at up to `MAX_TILES`
@@ -23,7 +24,13 @@ MAX_TILES = 3
 _MEMO = {}
 
 
-def mode():
+MODES = ("off", "always", "auto")
+
+
+def mode(option=None):
+    """`brrr.compile(..., matmul_templates=...)`'s choice where given, else BRRR_MATMUL_TEMPLATES's."""
+    if option is not None:
+        return option
     value = os.environ.get("BRRR_MATMUL_TEMPLATES", "0")
     return {"1": "always", "auto": "auto"}.get(value, "off")
 

@@ -27,8 +27,8 @@ MATMULS = {_aten.mm.default, _aten.bmm.default, _aten.addmm.default}
 TIMED_DEVICES = ("cuda",)   # where "auto" times the two ways (tests add "cpu": interpreted kernels run there)
 
 
-def enabled():
-    return matmul_choice.mode() != "off"
+def enabled(option=None):
+    return matmul_choice.mode(option) != "off"
 
 
 class FusedMatmul:
@@ -106,7 +106,7 @@ def _roots(node):
     return node
 
 
-def fuse_matmul_epilogues(plan, kernels, interpreted):
+def fuse_matmul_epilogues(plan, kernels, interpreted, option=None):
     """Rewrite `plan.steps` and `kernels` (schedule.Kernel -> KernelSource) in place; returns the fused steps."""
     from brrr.compile import kernel_registry
 
@@ -156,7 +156,7 @@ def fuse_matmul_epilogues(plan, kernels, interpreted):
         except (EpilogueRefused, NotImplementedError, ValueError) as e:
             plan.refusals.append((mm, f"matmul epilogue with {consumer.name}: {e}"))
             continue
-        if matmul_choice.mode() == "auto":
+        if matmul_choice.mode(option) == "auto":
             src, why = _timed(plan, mm, a, b, bias, src, kernels[consumer])
             if src is None:
                 plan.refusals.append((mm, f"matmul epilogue with {consumer.name}: {why}"))

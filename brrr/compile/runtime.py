@@ -134,7 +134,7 @@ def kernel_fx_nodes(kernel, rendered=()):
     return tuple(dict.fromkeys(n.fx for n in nodes if n.fx is not None and n.fx.op == "call_function"))
 
 
-def generate_all(plan, graph_kind="graph"):
+def generate_all(plan, graph_kind="graph", matmul_templates=None):
     """KernelSource per kernel step (reverse order, so a reduction read by a later kernel is stored). Every
     stored node's strides were fixed by the scheduler (brrr.compile.layout). Each kernel takes a name unique in
     the process and is registered with its FLOPs, bytes, ATen ops and modules (kernel_registry.py), for as long
@@ -163,8 +163,9 @@ def generate_all(plan, graph_kind="graph"):
         stored |= refs
     plan.stored = stored
     from brrr.compile import matmul_fusion
-    if matmul_fusion.enabled():
-        matmul_fusion.fuse_matmul_epilogues(plan, out, interpreted=os.environ.get("TRITON_INTERPRET") == "1")
+    if matmul_fusion.enabled(matmul_templates):
+        matmul_fusion.fuse_matmul_epilogues(plan, out, interpreted=os.environ.get("TRITON_INTERPRET") == "1",
+                                            option=matmul_templates)
     register_kernels(plan, out, graph_kind)
     return out
 
@@ -290,8 +291,8 @@ class CompiledGraph:
         return self.gm(*args)
 
 
-def build(plan, gm, cuda_graphs=False, kind="graph"):
-    kernels = generate_all(plan, kind)
+def build(plan, gm, cuda_graphs=False, kind="graph", matmul_templates=None):
+    kernels = generate_all(plan, kind, matmul_templates)
     reused = reused_memory(plan, kernels)
     names, glb = {}, {"torch": torch, "empty_strided": torch.empty_strided, "empty_cuda": _EMPTY_CUDA,
                       "layout": layout, "check_index": check_index}

@@ -228,3 +228,22 @@ def test_a_way_that_fails_to_run_is_never_chosen(tmp_path, monkeypatch):
                                   timer=lambda run: (run(), next(times))[1])
     assert chosen == "cublas"
     assert matmul_choice.choose("k2", {"template a": broken}, timer=lambda run: run()) is None
+
+
+def test_brrr_compile_takes_the_choice_as_an_option(monkeypatch):
+    monkeypatch.delenv("BRRR_MATMUL_TEMPLATES", raising=False)
+    from brrr.bench.backends import resolve_backend
+
+    import contextlib
+
+    from brrr.compile import kernel_registry
+
+    launched = []
+    monkeypatch.setattr(kernel_registry, "LAUNCH_HOOK", lambda name: launched.append(name) or contextlib.nullcontext())
+    x, w = torch.randn(16, 8), torch.randn(8, 12)
+    fused = brrr.compile(_relu_mm, matmul_templates="always")
+    torch.testing.assert_close(fused(x, w), _relu_mm(x, w))
+    assert [name.startswith("brrr_mm_") for name in launched] == [True]
+    with pytest.raises(ValueError, match="matmul_templates"):
+        brrr.compile(_relu_mm, matmul_templates="yes")
+    assert resolve_backend("brrr-templates").keywords == {"matmul_templates": "auto"}
