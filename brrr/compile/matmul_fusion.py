@@ -18,6 +18,7 @@ times both ways on the GPU per problem, cached on disk). brrr has not measured e
 import torch
 
 from brrr.compile import ir, matmul_choice
+from brrr.compile.fallbacks import recover
 from brrr.compile.codegen.matmul_epilogue import EpilogueRefused, generate_fused, strides_of, with_config
 from brrr.compile.codegen.matmul_template import TL
 from brrr.compile.matmul_configs import candidates, default_config, wave_area
@@ -153,14 +154,16 @@ def fuse_matmul_epilogues(plan, kernels, interpreted, option=None):
                                  {n for n in plan.stored if n.kind == "pointwise" and n not in consumer.roots},
                                  {r: k for k_, k in plan.steps if k_ == "kernel" for r in k.roots},
                                  store_product, interpreted)
+            if matmul_choice.mode(option) == "auto":
+                src, why = _timed(plan, mm, a, b, bias, src, kernels[consumer])
+                if src is None:
+                    raise EpilogueRefused(why)
         except (EpilogueRefused, NotImplementedError, ValueError) as e:
             plan.refusals.append((mm, f"matmul epilogue with {consumer.name}: {e}"))
             continue
-        if matmul_choice.mode(option) == "auto":
-            src, why = _timed(plan, mm, a, b, bias, src, kernels[consumer])
-            if src is None:
-                plan.refusals.append((mm, f"matmul epilogue with {consumer.name}: {why}"))
-                continue
+        except Exception as e:   # nothing is rewritten yet: this matmul stays a cuBLAS call
+            recover(e, f"fusing {mm.name}'s epilogue failed", "the matmul stays a cuBLAS call")
+            continue
         name, text = kernel_registry.claim(name, src.source)
         src.name, src.source = name, text
         step = FusedMatmul(mm, consumer, name)
