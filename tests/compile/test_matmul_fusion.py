@@ -247,3 +247,18 @@ def test_brrr_compile_takes_the_choice_as_an_option(monkeypatch):
     with pytest.raises(ValueError, match="matmul_templates"):
         brrr.compile(_relu_mm, matmul_templates="yes")
     assert resolve_backend("brrr-templates").keywords == {"matmul_templates": "auto"}
+
+
+def test_a_dropout_and_residual_epilogue_keeps_what_it_keeps_scaled(templates):
+    torch.manual_seed(0)
+    x, w, r = torch.randn(64, 32), torch.randn(48, 32), torch.randn(64, 48)
+
+    def f(x, w, r):
+        return F.dropout(x @ w.t(), p=0.5, training=True) + r
+
+    (kernel,) = brrr.explain(f, x, w, r).kernels
+    assert {"mm", "rand_like", "add"} <= set(kernel.ops)
+    out = brrr.compile(f)(x, w, r)
+    kept = (out - r).abs() > 1e-6
+    assert 0.4 < kept.float().mean().item() < 0.6   # 3072 draws of p = 0.5
+    torch.testing.assert_close((out - r)[kept], (2 * (x @ w.t()))[kept])
