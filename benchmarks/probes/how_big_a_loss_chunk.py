@@ -3,16 +3,17 @@
 Not yet run (no device time left when it was written). Prediction, from counted bytes and FLOPs at Qwen2-0.5B's
 head (4096 x 896 -> 151936, bf16; H100 ~650 TFLOP/s bf16 matmul, ~3 TB/s): three matmuls 3.35 TFLOP ~ 5.2 ms;
 eager's chain moves ~30 GB around them (upcast, log_softmax, its backward, the cast back) ~ 15 ms and peaks
-~7 GB above its inputs; chunked (2048-row chunks) runs a fourth matmul (the backward recomputes the logits) ~ 6.9 ms,
-moves ~3.7 GB in its row kernels (read once forward, read and written once backward) plus 1.1 GB accumulating
-the weight gradient ~ 1.6 ms: ~8.5 ms, peak ~1 GB (a chunk of logits, the weight gradient, the input gradient).
-512-row chunks should lose ~1 ms to accumulation: each adds into the whole 272 MB weight gradient.
+~7 GB above its inputs; chunked with gradients in the forward (2048-row chunks) runs eager's three matmuls and moves
+~3.7 GB in its row kernels (read, then read and written) plus 1.1 GB accumulating the weight gradient: ~6.8 ms,
+peak ~1 GB (a chunk of logits, the weight gradient, the input gradient); recomputed in the backward, a fourth
+matmul, ~8.5 ms. 512-row chunks should lose ~1 ms to accumulation: each adds into the whole 272 MB weight
+gradient.
 
 Forward + backward of `cross_entropy(linear(x, W).float(), target)` at LM-head shapes (bf16, 10% of targets
 ignored), each way in one process:
 - eager: the unfused chain, logits materialized, upcast to fp32 (as Hugging Face's ForCausalLMLoss does);
-- chunked, CHUNK_BYTES 128 MiB .. 1 GiB and ROWS_PER_HIDDEN 0, 2, 4: brrr::fused_linear_cross_entropy through
-  its autograd formula;
+- chunked, CHUNK_BYTES 128 MiB .. 1 GiB and ROWS_PER_HIDDEN 0, 2, 4: brrr::fused_linear_cross_entropy_with_grads
+  (what the pass inserts for training), and the plain op whose backward recomputes the logits;
 - brrr-unfused / brrr-fused (first shape only): the chain compiled by brrr with the pass off / on.
 Times are do_bench medians of one forward + backward; peak is torch.cuda.max_memory_allocated above what was
 allocated before the step (inputs and weights excluded).
@@ -53,7 +54,12 @@ def _eager(x, w, t):
     return F.cross_entropy(F.linear(x, w).float(), t)
 
 
-def _chunked(x, w, t):
+def _chunked(x, w, t):   # the training op the pass inserts: gradients computed in the forward
+    return torch.ops.brrr.fused_linear_cross_entropy_with_grads(x, w, None, t, -100, "mean", 0.0, True, True, False,
+                                                                torch.float32)[0]
+
+
+def _recomputed(x, w, t):   # the plain op under autograd: its backward recomputes the logits
     return torch.ops.brrr.fused_linear_cross_entropy(x, w, None, t, -100, "mean", 0.0, torch.float32)[0]
 
 
@@ -97,6 +103,7 @@ def main():
                                                f"({op.chunk_rows(n, v, h, 2)} rows)", **_measure(_chunked, x, w, t)})
             print(rows[-1], flush=True)
         op.CHUNK_BYTES, op.ROWS_PER_HIDDEN = 256 << 20, 2
+        rows.append({"shape": name, "way": "recomputed in the backward", **_measure(_recomputed, x, w, t)})
         if i == 0:
             for way, floor in (("brrr-unfused", 1 << 62), ("brrr-fused", 64 << 20)):
                 if time.time() - start > args.budget_s:

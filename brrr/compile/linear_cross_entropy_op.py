@@ -1,24 +1,28 @@
 """Linear + cross-entropy in chunks of rows, never holding the logits (capture -> linear_cross_entropy_pass puts
-this op in the graph -> AOTAutograd -> lower, where both ops are Externs -> runtime calls them).
+these ops in the graph -> AOTAutograd -> lower, where they are Externs -> runtime calls them).
 
+    loss, grad_x, grad_weight, grad_bias = torch.ops.brrr.fused_linear_cross_entropy_with_grads(
+        x, weight, bias, target, ignore_index, reduction, label_smoothing, grad_x, grad_weight, grad_bias, dtype)
     loss, lse = torch.ops.brrr.fused_linear_cross_entropy(
         x, weight, bias, target, ignore_index, reduction, label_smoothing, dtype)
-    grad_x, grad_weight, grad_bias = torch.ops.brrr.fused_linear_cross_entropy_backward(
-        grad_loss, x, weight, bias, target, lse, ignore_index, reduction, label_smoothing,
-        grad_x, grad_weight, grad_bias)
 
-The forward is `cross_entropy(x @ weight.T + bias, target, ...)` for 2-D `x` [rows, hidden] (a target outside
-the vocabulary, which eager refuses with an error, gives a nan loss and nan gradients here), and keeps one
-number per row, the log-sum-exp. Its autograd formula calls the backward, which recomputes each chunk's
-logits: a step that never runs its backward (an evaluation with grad enabled) pays one matmul, as eager does,
-and a training step one more matmul than eager's three, for no logits stored at all.
+Both are `cross_entropy(x @ weight.T + bias, target, ...)` for 2-D `x` [rows, hidden] (a target outside the
+vocabulary, which eager refuses with an error, gives a nan loss and nan gradients here).
+
+Training (the pass's choice where the loss requires grad): `_with_grads` computes the gradients in the forward,
+for a loss gradient of 1, while each chunk's logits are at hand; its autograd formula scales them by the loss's
+gradient (the loss is a scalar, 'mean' or 'sum', so each gradient is linear in it). Three matmuls, as eager's
+step, and the same bytes as brrr's unfused softmax and its backward; only a chunk of logits is ever held.
+Inference: the plain op computes the loss and one log-sum-exp per row; called with grad, its autograd formula
+(`fused_linear_cross_entropy_backward`) recomputes each chunk's logits. The pass uses it where the loss needs
+no gradient (a graph compiled under no_grad).
 
 Per chunk of rows (`chunk_rows`): one matmul makes the chunk's logits (cuBLAS, in x's dtype, as the unfused
-linear does). Forward: one Triton kernel reads each row once (online max and sum-exp, the target logit, the
-row sum for label smoothing). Backward: one kernel reads each row once more and writes the gradient
-(softmax - one-hot, times the loss's gradient and the mean's 1/count) over it in place; then the input-gradient
-rows (one matmul) and the weight's gradient (one matmul accumulated into it, beta=1). Where Triton cannot run (a
-CPU tensor without TRITON_INTERPRET=1, as when explain runs a graph) the per-row math runs as torch ops.
+linear does); one Triton kernel reads each row once (online max and sum-exp, the target logit, the row sum for
+label smoothing); for gradients, one more reads each row again and writes softmax - one-hot, times the loss's
+gradient over the count for a mean, over it in place; then the input-gradient rows (one matmul) and the weight's
+gradient (one matmul accumulated into it, beta=1). Where Triton cannot run (a CPU tensor without
+TRITON_INTERPRET=1, as when explain runs a graph) the per-row math runs as torch ops.
 """
 
 import os
@@ -36,7 +40,7 @@ def chunk_rows(rows, vocab, hidden, itemsize):
     """Rows per chunk, a power of two: as many as CHUNK_BYTES of logits hold, but at least ROWS_PER_HIDDEN x hidden.
 
     Each chunk adds its weight gradient into the whole [vocab, hidden] accumulator: 4 x vocab x hidden bytes read
-    and written, against 4 x chunk x vocab bytes the backward's row kernel moves. At 2 rows per hidden unit the
+    and written, against 4 x chunk x vocab bytes the gradient's row kernel moves. At 2 rows per hidden unit the
     accumulation costs half the kernel's traffic (Qwen2-0.5B's head: 2048-row chunks, 0.6 GB of logits each,
     where the memory budget alone would cut 512-row chunks and pay twice the kernel's traffic accumulating)."""
     by_memory = max(16, CHUNK_BYTES // max(1, vocab * itemsize))
@@ -189,6 +193,41 @@ def _chunks(x, weight, bias):
         yield start, stop, xc, logits[:, :vocab]
 
 
+def _loss(row_loss, target, ignore_index, reduction, dtype):
+    loss = row_loss.sum()
+    if reduction == "mean":   # a count of 0 gives nan, as eager's mean over no rows does
+        loss = loss / (target != ignore_index).sum(dtype=row_loss.dtype)
+    return loss.to(dtype)
+
+
+def _scale(grad_loss, target, ignore_index, reduction, acc):
+    """The loss's gradient per row's logits: grad_loss, over the count of rows for a mean (a tensor: no sync)."""
+    scale = grad_loss.to(acc).reshape(1)
+    return scale / (target != ignore_index).sum(dtype=acc) if reduction == "mean" else scale
+
+
+def _gradient_buffers(x, weight, grad_x, grad_weight, grad_bias):
+    return (torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else x.new_empty(0),
+            torch.zeros_like(weight, memory_format=torch.contiguous_format) if grad_weight else weight.new_empty(0),
+            torch.zeros(weight.shape[0], dtype=_accumulator(x), device=x.device) if grad_bias else x.new_empty(0))
+
+
+def _add_gradients(grad_logits, start, stop, xc, weight, gx, gw, gb):
+    """One chunk's share: its rows of the input's gradient, and its sums into the weight's and the bias's."""
+    if gx.numel():
+        torch.mm(grad_logits, weight, out=gx[start:stop])
+    if gw.numel():
+        gw.addmm_(grad_logits.t(), xc)
+    if gb.numel():
+        gb += grad_logits.sum(0, dtype=gb.dtype)
+
+
+def _fake_gradients(x, weight, bias, grad_x, grad_weight, grad_bias):
+    return (torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else x.new_empty(0),
+            torch.empty_like(weight, memory_format=torch.contiguous_format) if grad_weight else weight.new_empty(0),
+            bias.new_empty(bias.shape) if grad_bias else x.new_empty(0))
+
+
 @torch.library.custom_op("brrr::fused_linear_cross_entropy", mutates_args=())
 def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                                target: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float,
@@ -200,10 +239,7 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Opti
     for start, stop, _, logits in _chunks(x, weight, bias):
         _rows_forward(logits, target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
                       label_smoothing)
-    loss = row_loss.sum()
-    if reduction == "mean":   # a count of 0 gives nan, as eager's mean over no rows does
-        loss = loss / (target != ignore_index).sum(dtype=acc)
-    return loss.to(dtype), lse
+    return _loss(row_loss, target, ignore_index, reduction, dtype), lse
 
 
 @fused_linear_cross_entropy.register_fake
@@ -218,31 +254,19 @@ def fused_linear_cross_entropy_backward(grad_loss: torch.Tensor, x: torch.Tensor
                                         ignore_index: int, reduction: str, label_smoothing: float, grad_x: bool,
                                         grad_weight: bool, grad_bias: bool
                                         ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    acc = _accumulator(x)
-    scale = grad_loss.to(acc).reshape(1)   # a tensor throughout: no host sync
-    if reduction == "mean":
-        scale = scale / (target != ignore_index).sum(dtype=acc)
-    gx = torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else x.new_empty(0)
-    gw = torch.zeros_like(weight, memory_format=torch.contiguous_format) if grad_weight else weight.new_empty(0)
-    gb = torch.zeros(weight.shape[0], dtype=acc, device=x.device) if grad_bias else x.new_empty(0)
+    scale = _scale(grad_loss, target, ignore_index, reduction, _accumulator(x))
+    gx, gw, gb = _gradient_buffers(x, weight, grad_x, grad_weight, grad_bias)
     if grad_x or grad_weight or grad_bias:
         for start, stop, xc, logits in _chunks(x, weight, bias):
             _rows_backward(logits, target[start:stop], lse[start:stop], scale, ignore_index, label_smoothing)
-            if grad_x:
-                torch.mm(logits, weight, out=gx[start:stop])
-            if grad_weight:
-                gw.addmm_(logits.t(), xc)
-            if grad_bias:
-                gb += logits.sum(0, dtype=acc)
+            _add_gradients(logits, start, stop, xc, weight, gx, gw, gb)
     return gx, gw, gb.to(bias.dtype) if grad_bias else gb
 
 
 @fused_linear_cross_entropy_backward.register_fake
 def _(grad_loss, x, weight, bias, target, lse, ignore_index, reduction, label_smoothing, grad_x, grad_weight,
       grad_bias):
-    return (torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else x.new_empty(0),
-            torch.empty_like(weight, memory_format=torch.contiguous_format) if grad_weight else weight.new_empty(0),
-            bias.new_empty(bias.shape) if grad_bias else x.new_empty(0))
+    return _fake_gradients(x, weight, bias, grad_x, grad_weight, grad_bias)
 
 
 def _setup_context(ctx, inputs, output):
@@ -263,6 +287,47 @@ def _backward(ctx, grad_loss, _grad_lse):
 fused_linear_cross_entropy.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.library.custom_op("brrr::fused_linear_cross_entropy_with_grads", mutates_args=())
+def fused_linear_cross_entropy_with_grads(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                                          target: torch.Tensor, ignore_index: int, reduction: str,
+                                          label_smoothing: float, grad_x: bool, grad_weight: bool, grad_bias: bool,
+                                          dtype: torch.dtype
+                                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check(x, weight, bias, target, reduction)
+    acc = _accumulator(x)
+    row_loss = torch.empty(x.shape[0], dtype=acc, device=x.device)
+    lse = torch.empty(x.shape[0], dtype=acc, device=x.device)
+    scale = _scale(torch.ones((), dtype=acc, device=x.device), target, ignore_index, reduction, acc)
+    gx, gw, gb = _gradient_buffers(x, weight, grad_x, grad_weight, grad_bias)
+    for start, stop, xc, logits in _chunks(x, weight, bias):
+        _rows_forward(logits, target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
+                      label_smoothing)
+        _rows_backward(logits, target[start:stop], lse[start:stop], scale, ignore_index, label_smoothing)
+        _add_gradients(logits, start, stop, xc, weight, gx, gw, gb)
+    return (_loss(row_loss, target, ignore_index, reduction, dtype), gx, gw,
+            gb.to(bias.dtype) if grad_bias else gb)
+
+
+@fused_linear_cross_entropy_with_grads.register_fake
+def _(x, weight, bias, target, ignore_index, reduction, label_smoothing, grad_x, grad_weight, grad_bias, dtype):
+    _check(x, weight, bias, target, reduction)
+    return (x.new_empty((), dtype=dtype),) + _fake_gradients(x, weight, bias, grad_x, grad_weight, grad_bias)
+
+
+def _setup_with_grads(ctx, inputs, output):
+    ctx.save_for_backward(*output[1:])
+    ctx.asked = inputs[7:10]
+
+
+def _backward_with_grads(ctx, grad_loss, *_unused):
+    """The gradients were computed for a loss gradient of 1: scaled, they are the gradients."""
+    grads = [(g * grad_loss).to(g.dtype) if asked else None for g, asked in zip(ctx.saved_tensors, ctx.asked)]
+    return (*grads, None, None, None, None, None, None, None, None)
+
+
+fused_linear_cross_entropy_with_grads.register_autograd(_backward_with_grads, setup_context=_setup_with_grads)
+
+
 def _matmul_flops(rows, hidden, vocab):
     return 2 * rows * hidden * vocab
 
@@ -279,4 +344,11 @@ def _backward_flops(grad_shape, x_shape, weight_shape, bias_shape, target_shape,
     """The logits' matmul again, and one per gradient asked for (the bias's is a sum, not counted)."""
     if not (grad_x or grad_weight or grad_bias):
         return 0
+    return _matmul_flops(*x_shape, weight_shape[0]) * (1 + bool(grad_x) + bool(grad_weight))
+
+
+@torch.utils.flop_counter.register_flop_formula(torch.ops.brrr.fused_linear_cross_entropy_with_grads)
+def _with_grads_flops(x_shape, weight_shape, bias_shape, target_shape, ignore_index, reduction, label_smoothing,
+                      grad_x, grad_weight, grad_bias, dtype, out_shape=None, **kwargs) -> int:
+    """The logits' matmul, and one per gradient asked for."""
     return _matmul_flops(*x_shape, weight_shape[0]) * (1 + bool(grad_x) + bool(grad_weight))

@@ -10,8 +10,9 @@ cross_entropy to reduce each row to one number. When Dynamo's graph computes
 
 (a slice of leading dims, as when the logits are shifted for next-token loss, is taken of x instead) with
 class-index targets, no class weights, reduction 'mean' or 'sum', and nothing else reading the logits, the
-chain becomes one call of `brrr::fused_linear_cross_entropy` (chunks of rows; its backward recomputes each
-chunk's logits). This runs before AOTAutograd, on Dynamo's graph, because only
+chain becomes one call of `brrr::fused_linear_cross_entropy_with_grads` (chunks of rows; the gradients are
+computed in the forward, while each chunk's logits are at hand), or of `brrr::fused_linear_cross_entropy` where
+the loss needs no gradient. This runs before AOTAutograd, on Dynamo's graph, because only
 there are the forward and its backward still one computation: after the partition the logits are already a
 tensor saved for the backward.
 
@@ -192,14 +193,21 @@ def fuse_linear_cross_entropy(gm):
         held = rows * vocab * (xv.element_size() + (lv.element_size() if lv.dtype != xv.dtype else 0))
         if held < MIN_LOGITS_BYTES:
             continue
+        train = _val(ce).requires_grad   # Dynamo traced under grad mode, with some input requiring grad
+        grads = (train and xv.requires_grad, train and wv.requires_grad,
+                 train and bv is not None and bv.requires_grad)
         g = gm.graph
         with g.inserting_before(ce):
             for index in slices:   # logits[..., :-1, :] is linear(x[..., :-1, :])
                 x = g.call_function(operator.getitem, (x, index))
             flat = g.call_method("reshape", (x, rows, hidden))
-            fused = g.call_function(torch.ops.brrr.fused_linear_cross_entropy.default,
-                                    (flat, weight, bias, args["target"], args["ignore_index"], args["reduction"],
-                                     float(args["label_smoothing"]), _val(ce).dtype))
+            options = (args["ignore_index"], args["reduction"], float(args["label_smoothing"]))
+            if train:   # gradients computed in the forward, where each chunk's logits are at hand
+                fused = g.call_function(torch.ops.brrr.fused_linear_cross_entropy_with_grads.default,
+                                        (flat, weight, bias, args["target"], *options, *grads, _val(ce).dtype))
+            else:
+                fused = g.call_function(torch.ops.brrr.fused_linear_cross_entropy.default,
+                                        (flat, weight, bias, args["target"], *options, _val(ce).dtype))
             loss = g.call_function(operator.getitem, (fused, 0))
         ce.replace_all_uses_with(loss)
         for node in [ce, *chain, linear]:

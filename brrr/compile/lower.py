@@ -16,9 +16,10 @@ from brrr.compile.ir import Const, IndexValue, Op
 
 aten = torch.ops.aten
 LOWERINGS = {}
-# the last two are brrr's own ops (linear_cross_entropy_op.py): matmuls and a row kernel per chunk
+# the last three are brrr's own ops (linear_cross_entropy_op.py): matmuls and row kernels per chunk
 EXTERN_OPS = {"mm", "bmm", "addmm", "baddbmm", "convolution", "convolution_backward",
-              "fused_linear_cross_entropy", "fused_linear_cross_entropy_backward"}
+              "fused_linear_cross_entropy", "fused_linear_cross_entropy_backward",
+              "fused_linear_cross_entropy_with_grads"}
 
 
 def is_extern(name):

@@ -44,6 +44,13 @@ def _fused(x, w, b, t, reduction="mean", label_smoothing=0.0, ignore_index=-100)
     return [loss, gx, gw] + ([gb] if b is not None else [])
 
 
+def _fused_with_grads(x, w, b, t, reduction="mean", label_smoothing=0.0, ignore_index=-100):
+    """The training op: loss and gradients (for a loss gradient of 1) from one forward."""
+    out = torch.ops.brrr.fused_linear_cross_entropy_with_grads(x, w, b, t, ignore_index, reduction,
+                                                               label_smoothing, True, True, b is not None, x.dtype)
+    return list(out[:3]) + ([out[3]] if b is not None else [])
+
+
 @pytest.fixture(params=["triton", "torch"])
 def row_math(request, monkeypatch):
     """The per-row math as the Triton kernel (interpreted) or as torch ops; chunks of 8 rows either way."""
@@ -54,9 +61,10 @@ def row_math(request, monkeypatch):
 
 
 @pytest.mark.parametrize("reduction,smoothing", [("mean", 0.0), ("sum", 0.0), ("mean", 0.1), ("sum", 0.2)])
-def test_fp32_loss_and_gradients_equal_a_float64_reference(row_math, reduction, smoothing):
+@pytest.mark.parametrize("way", [_fused, _fused_with_grads])
+def test_fp32_loss_and_gradients_equal_a_float64_reference(row_math, reduction, smoothing, way):
     x, w, b, t = _inputs(torch.float32)
-    ours = _fused(x, w, b, t, reduction, smoothing)
+    ours = way(x, w, b, t, reduction, smoothing)
     ref = _reference(x, w, b, t, reduction=reduction, label_smoothing=smoothing)
     for got, want in zip(ours, ref):
         assert got.dtype == torch.float32
@@ -65,11 +73,12 @@ def test_fp32_loss_and_gradients_equal_a_float64_reference(row_math, reduction, 
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_low_precision_is_no_less_accurate_than_eager_against_float64(row_math, dtype):
+@pytest.mark.parametrize("way", [_fused, _fused_with_grads])
+def test_low_precision_is_no_less_accurate_than_eager_against_float64(row_math, dtype, way):
     x, w, b, t = _inputs(dtype)
     ref = _reference(x, w, b, t)
     eager = _reference(x, w, b, t, dtype=dtype)
-    ours = _fused(x, w, b, t)
+    ours = way(x, w, b, t)
     for got, mine, want in zip(ours, eager, ref):
         assert got.dtype == dtype
         ours_err = (got.double() - want).abs().max().item()
@@ -165,6 +174,13 @@ def test_explain_lists_the_rewrite_and_no_tensor_of_vocabulary_rows_is_planned(a
     assert not any(re.search(rf"\[[^\]]*, {VOCAB}\]", s) for s in shapes), shapes
 
 
+def test_training_computes_gradients_in_the_forward_and_inference_the_loss_alone(always):
+    ids, labels = _ids()
+    assert "fused_linear_cross_entropy_with_grads" in str(brrr.explain(TinyLM(), ids, labels, train=True))
+    text = str(brrr.explain(TinyLM(), ids, labels))
+    assert "brrr.fused_linear_cross_entropy.default" in text and "with_grads" not in text
+
+
 def test_inference_computes_the_loss_alone(always):
     torch.manual_seed(0)
     model = TinyLM()
@@ -256,6 +272,12 @@ def test_the_ops_are_priced_as_their_matmuls():
             out = backward(*args)
         assert counter.get_total_flops() == one_matmul * matmuls
         assert op_cost(backward, args, {}, out).flops == one_matmul * matmuls
+    training = torch.ops.brrr.fused_linear_cross_entropy_with_grads.default
+    for grads, matmuls in (((True, True, True), 3), ((False, True, False), 2)):   # a training step: eager's count
+        args = (x, w, b, t, -100, "mean", 0.0, *grads, torch.float32)
+        with FlopCounterMode(display=False) as counter:
+            out = training(*args)
+        assert counter.get_total_flops() == op_cost(training, args, {}, out).flops == one_matmul * matmuls
 
 
 class ShiftedLogits(TinyLM):
