@@ -192,29 +192,6 @@ def test_inference_computes_the_loss_alone(always):
     assert len(ex.linear_losses) == 1 and ex.graphs == ["inference"]
 
 
-def test_a_hugging_face_llama_with_tied_embeddings_trains_as_eager(always):
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
-                                   num_key_value_heads=1, intermediate_size=64, vocab_size=VOCAB,
-                                   tie_word_embeddings=True)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg)
-
-    def step(m, ids, labels):
-        return m(input_ids=ids, labels=labels, use_cache=False).loss
-
-    ours = copy.deepcopy(model)
-    ids, labels = _ids(length=16)
-    step(model, ids, labels).backward()
-    loss = brrr.compile(lambda i, l: step(ours, i, l))(ids, labels)
-    loss.backward()
-    torch.testing.assert_close(loss, step(model, ids, labels))
-    for (name, p), q in zip(model.named_parameters(), ours.parameters()):
-        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
-    ex = brrr.explain(lambda i, l: step(model, i, l), ids, labels, train=True)
-    assert len(ex.linear_losses) == 1
-
-
 class Returned(TinyLM):
     def forward(self, ids, labels):
         logits = self.head(self.embed(ids))
@@ -347,3 +324,41 @@ def test_a_150k_vocabulary_in_bf16_is_no_less_accurate_than_eager(monkeypatch):
     for got, mine, want in zip(_fused(x, w, None, t), eager, ref):
         ours_err = (got.double() - want).abs().max().item()
         assert ours_err <= 2 * (mine.double() - want).abs().max().item() + 1e-3 * want.abs().max().item()
+
+
+def _hf_families():
+    transformers = pytest.importorskip("transformers")
+    small = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
+    return {
+        "bert-mlm": lambda: transformers.BertForMaskedLM(transformers.BertConfig(
+            **small, intermediate_size=64, hidden_dropout_prob=0, attention_probs_dropout_prob=0)),
+        "opt": lambda: transformers.OPTForCausalLM(transformers.OPTConfig(
+            **small, ffn_dim=64, word_embed_proj_dim=32, dropout=0, layerdrop=0)),
+        "gpt-neox": lambda: transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+            **small, intermediate_size=64, hidden_dropout=0, attention_dropout=0)),
+        "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(   # tied: the head is the embedding
+            **small, num_key_value_heads=1, intermediate_size=64, tie_word_embeddings=True)),
+        "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            **small, num_key_value_heads=1, intermediate_size=64)),
+    }
+
+
+@pytest.mark.parametrize("family", ["bert-mlm", "opt", "gpt-neox", "qwen2", "llama"])
+def test_hugging_face_heads_and_losses_are_rewritten_and_train_as_eager(always, family):
+    torch.manual_seed(0)
+    model = _hf_families()[family]()
+    ours = copy.deepcopy(model)
+    causal = family != "bert-mlm"
+
+    def step(m, ids, labels):
+        return m(input_ids=ids, labels=labels, **({"use_cache": False} if causal else {})).loss
+
+    ids, labels = _ids(length=16)
+    step(model, ids, labels).backward()
+    assert len(brrr.explain(lambda i, l: step(copy.deepcopy(model), i, l), ids, labels, train=True)
+               .linear_losses) == 1
+    loss = brrr.compile(lambda i, l: step(ours, i, l))(ids, labels)
+    loss.backward()
+    torch.testing.assert_close(loss, step(model, ids, labels))
+    for (name, p), q in zip(model.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
