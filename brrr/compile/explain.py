@@ -114,7 +114,7 @@ class Explanation:
             for g, p in self.paddings:
                 lines.append(f"  [{g}] {p}")
         if self.matmuls:
-            lines.append("matmuls (a template kernel where its epilogue fuses, BRRR_MATMUL_TEMPLATES=1):")
+            lines.append("matmuls (cuBLAS, or a brrr template with its epilogue: brrr.compile(matmul_templates=...)):")
             for m in self.matmuls:
                 lines.append(f"  {m}")
         if self.linear_losses:
