@@ -212,7 +212,8 @@ def fuse_linear_cross_entropy(gm):
         ce.replace_all_uses_with(loss)
         for node in [ce, *chain, linear]:
             g.erase_node(node)
-        done.append(Rewrite(linear.name, rows, hidden, vocab, op.chunk_rows(rows, vocab, hidden, xv.element_size()), held))
+        chunk = op.chunk_rows(rows, vocab, hidden, xv.element_size())
+        done.append(Rewrite(linear.name, rows, hidden, vocab, chunk, held))
     if done:
         g.lint()
         gm.recompile()
