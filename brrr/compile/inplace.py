@@ -54,7 +54,8 @@ def _nodes_in(value):
             yield from _nodes_in(v)
 
 
-def _reads(kind, step, kernels, lowering):
+def step_reads(kind, step, kernels, lowering):
+    """The IR nodes a plan step reads (a kernel: its every argument)."""
     if kind == "kernel":
         return kernels[step].args
     if kind == "aten" and step.view_of is not None and ir.is_host_view(step):
@@ -76,7 +77,7 @@ def last_uses(plan, kernels):
     roots read by an ATen call whose result may alias them, whose memory is never handed on)."""
     last, aliased = {}, set()
     for t, (kind, step) in enumerate(plan.steps):
-        reads = _reads(kind, step, kernels, plan.lowering)
+        reads = step_reads(kind, step, kernels, plan.lowering)
         risky = kind == "aten" and not ir.is_host_view(step) and step.fx is not None and _may_alias(step.fx)
         for node in reads:
             root = root_of(node)

@@ -125,16 +125,22 @@ def _launch(which, logits, *args, smoothing):
                              num_warps=8 if block >= 1024 else 4)
 
 
+def _torch_rows(logits, target, ignore_index):
+    """For the torch-op path: the logits in a float type, and per row whether it is ignored, whether its target
+    is a class, and the column to read (0 where it is not)."""
+    values = logits if logits.dtype == torch.float64 else logits.float()
+    known = (target >= 0) & (target < values.shape[1])
+    return values, target == ignore_index, known, torch.where(known, target, 0).unsqueeze(1)
+
+
 def _rows_forward(logits, target, loss, lse, ignore_index, smoothing):
     """Per row: the loss (0 where ignored) into `loss`, the log-sum-exp into `lse`."""
     if _triton_runs(logits):
         _launch(0, logits, target, loss, lse, logits.shape[1], ignore_index, float(smoothing), smoothing=smoothing)
         return
-    values = logits if logits.dtype == torch.float64 else logits.float()
-    ignored = target == ignore_index
-    known = (target >= 0) & (target < values.shape[1])
+    values, ignored, known, picked_at = _torch_rows(logits, target, ignore_index)
     row_lse = torch.logsumexp(values, 1)
-    picked = values.gather(1, torch.where(known, target, 0).unsqueeze(1)).squeeze(1)
+    picked = values.gather(1, picked_at).squeeze(1)
     row_loss = torch.where(known, row_lse - picked, float("nan"))
     if smoothing:
         row_loss = (1 - smoothing) * row_loss + smoothing * (row_lse - values.mean(1))
@@ -148,10 +154,7 @@ def _rows_backward(logits, target, lse, scale, ignore_index, smoothing):
         _launch(1, logits, target, lse, scale, logits.shape[1], ignore_index, float(smoothing),
                 smoothing=smoothing)
         return
-    values = logits if logits.dtype == torch.float64 else logits.float()
-    ignored = target == ignore_index
-    known = (target >= 0) & (target < values.shape[1])
-    picked_at = torch.where(known, target, 0).unsqueeze(1)
+    values, ignored, known, picked_at = _torch_rows(logits, target, ignore_index)
     grad = torch.exp(values - lse.to(values.dtype).unsqueeze(1))
     grad.scatter_add_(1, picked_at, torch.full_like(picked_at, -(1.0 - smoothing), dtype=grad.dtype))
     if smoothing:
@@ -212,6 +215,12 @@ def _gradient_buffers(x, weight, grad_x, grad_weight, grad_bias):
             torch.zeros(weight.shape[0], dtype=_accumulator(x), device=x.device) if grad_bias else x.new_empty(0))
 
 
+def _gradients_returned(gradients, bias):
+    """The gradient buffers as the ops return them: the bias's, summed in the accumulator type, in its own."""
+    gx, gw, gb = gradients
+    return gx, gw, gb.to(bias.dtype) if gb.numel() else gb
+
+
 def _add_gradients(grad_logits, start, stop, xc, weight, gx, gw, gb):
     """One chunk's share: its rows of the input's gradient, and its sums into the weight's and the bias's."""
     if gx.numel():
@@ -220,12 +229,6 @@ def _add_gradients(grad_logits, start, stop, xc, weight, gx, gw, gb):
         gw.addmm_(grad_logits.t(), xc)
     if gb.numel():
         gb += grad_logits.sum(0, dtype=gb.dtype)
-
-
-def _fake_gradients(x, weight, bias, grad_x, grad_weight, grad_bias):
-    return (torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else x.new_empty(0),
-            torch.empty_like(weight, memory_format=torch.contiguous_format) if grad_weight else weight.new_empty(0),
-            bias.new_empty(bias.shape) if grad_bias else x.new_empty(0))
 
 
 @torch.library.custom_op("brrr::fused_linear_cross_entropy", mutates_args=())
@@ -260,13 +263,13 @@ def fused_linear_cross_entropy_backward(grad_loss: torch.Tensor, x: torch.Tensor
         for start, stop, xc, logits in _chunks(x, weight, bias):
             _rows_backward(logits, target[start:stop], lse[start:stop], scale, ignore_index, label_smoothing)
             _add_gradients(logits, start, stop, xc, weight, gx, gw, gb)
-    return gx, gw, gb.to(bias.dtype) if grad_bias else gb
+    return _gradients_returned((gx, gw, gb), bias)
 
 
 @fused_linear_cross_entropy_backward.register_fake
 def _(grad_loss, x, weight, bias, target, lse, ignore_index, reduction, label_smoothing, grad_x, grad_weight,
       grad_bias):
-    return _fake_gradients(x, weight, bias, grad_x, grad_weight, grad_bias)
+    return _gradients_returned(_gradient_buffers(x, weight, grad_x, grad_weight, grad_bias), bias)
 
 
 def _setup_context(ctx, inputs, output):
@@ -304,14 +307,14 @@ def fused_linear_cross_entropy_with_grads(x: torch.Tensor, weight: torch.Tensor,
                       label_smoothing)
         _rows_backward(logits, target[start:stop], lse[start:stop], scale, ignore_index, label_smoothing)
         _add_gradients(logits, start, stop, xc, weight, gx, gw, gb)
-    return (_loss(row_loss, target, ignore_index, reduction, dtype), gx, gw,
-            gb.to(bias.dtype) if grad_bias else gb)
+    return (_loss(row_loss, target, ignore_index, reduction, dtype),) + _gradients_returned((gx, gw, gb), bias)
 
 
 @fused_linear_cross_entropy_with_grads.register_fake
 def _(x, weight, bias, target, ignore_index, reduction, label_smoothing, grad_x, grad_weight, grad_bias, dtype):
     _check(x, weight, bias, target, reduction)
-    return (x.new_empty((), dtype=dtype),) + _fake_gradients(x, weight, bias, grad_x, grad_weight, grad_bias)
+    return (x.new_empty((), dtype=dtype),) + _gradients_returned(
+        _gradient_buffers(x, weight, grad_x, grad_weight, grad_bias), bias)
 
 
 def _setup_with_grads(ctx, inputs, output):

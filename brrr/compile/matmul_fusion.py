@@ -19,6 +19,7 @@ import torch
 
 from brrr.compile import ir, matmul_choice
 from brrr.compile.fallbacks import recover
+from brrr.compile.inplace import root_of, step_reads
 from brrr.compile.codegen.matmul_epilogue import EpilogueRefused, generate_fused, strides_of, with_config
 from brrr.compile.codegen.matmul_template import TL
 from brrr.compile.matmul_configs import candidates, default_config, wave_area
@@ -34,30 +35,19 @@ def enabled(option=None):
 
 class FusedMatmul:
     """A plan step standing where the consumer kernel stood: the matmul and that kernel, one launch. It answers
-    what runtime, explain, pricing and inplace ask a schedule.Kernel."""
+    what the steps after code generation (runtime, explain, pricing, inplace) ask a schedule.Kernel."""
 
     dims = ()
-    tile = 0
-    closed = False
 
     def __init__(self, mm, consumer, name):
         self.mm, self.consumer, self.name = mm, consumer, name
-        self.shape, self.order = consumer.shape, consumer.order
-        self.roots = list(consumer.roots)
-        self.members = list(consumer.members) + [mm]
-
-    @property
-    def is_reduction(self):
-        return False
+        self.shape, self.roots = consumer.shape, list(consumer.roots)
 
     def xnumel(self):
         return self.consumer.xnumel()
 
     def rnumel(self):
         return 1
-
-    def loop_order(self):
-        return self.consumer.loop_order()
 
 
 def _matmul_operands(step, L):
@@ -77,22 +67,6 @@ def _matmul_operands(step, L):
     return nodes[0], nodes[1], bias_node
 
 
-def _reads(kind, step, kernels, L):
-    if kind == "kernel":
-        ks = kernels[step]
-        return ks.args[:len(ks.args) - len(ks.stores)]
-    if kind == "aten" and step.fx is not None:
-        out = []
-        torch.fx.node.map_arg((step.fx.args, step.fx.kwargs), lambda x: out.append(L.env.get(x)))
-        flat = []
-        for v in out:
-            flat.extend(v if isinstance(v, tuple) else [v])
-        if step.view_of is not None:
-            flat.append(step.view_of)
-        return [v for v in flat if isinstance(v, ir.Node)]
-    return []
-
-
 def _writes(kind, step, kernels):
     if kind == "kernel":
         return kernels[step].stores
@@ -101,18 +75,12 @@ def _writes(kind, step, kernels):
     return [step] if kind in ("aten", "empty") else []
 
 
-def _roots(node):
-    while isinstance(node, ir.Node) and node.view_of is not None and ir.is_host_view(node):
-        node = node.view_of
-    return node
-
-
 def fuse_matmul_epilogues(plan, kernels, interpreted, option=None):
     """Rewrite `plan.steps` and `kernels` (schedule.Kernel -> KernelSource) in place; returns the fused steps."""
     from brrr.compile import kernel_registry
 
     L = plan.lowering
-    outputs = {_roots(o) for o in L.outputs if isinstance(o, ir.Node)}
+    outputs = {root_of(o) for o in L.outputs if isinstance(o, ir.Node)}
     fused = []
     i = 0
     while i < len(plan.steps):
@@ -129,9 +97,9 @@ def fuse_matmul_epilogues(plan, kernels, interpreted, option=None):
         # host views of the product read no memory: those before its first reader move after the fused kernel
         views, readers = [], []
         for t, (kind_, s) in enumerate(plan.steps[i:], start=i):
-            if kind_ == "aten" and s.view_of is not None and ir.is_host_view(s) and _roots(s) is mm:
+            if kind_ == "aten" and s.view_of is not None and ir.is_host_view(s) and root_of(s) is mm:
                 views.append(t)
-            elif any(_roots(r) is mm for r in _reads(kind_, s, kernels, L)):
+            elif any(root_of(r) is mm for r in step_reads(kind_, s, kernels, L)):
                 readers.append((t, kind_, s))
         if not readers:
             continue
@@ -139,12 +107,12 @@ def fuse_matmul_epilogues(plan, kernels, interpreted, option=None):
         if kind_ != "kernel" or isinstance(consumer, FusedMatmul):
             plan.refusals.append((mm, "matmul epilogue: its first reader is not a pointwise kernel"))
             continue
-        if any(r is not mm and _roots(r) is mm for r in _reads(kind_, consumer, kernels, L)):
+        if any(r is not mm and root_of(r) is mm for r in step_reads(kind_, consumer, kernels, L)):
             plan.refusals.append((mm, f"matmul epilogue: {consumer.name} reads the product through a view"))
             continue
         between = plan.steps[i:t]
-        written = {_roots(w) for k_, s in between for w in _writes(k_, s, kernels)}
-        if {_roots(a), _roots(b), _roots(bias)} & written:
+        written = {root_of(w) for k_, s in between for w in _writes(k_, s, kernels)}
+        if {root_of(a), root_of(b), root_of(bias)} & written:
             plan.refusals.append((mm, "matmul epilogue: an operand is written before its reader runs"))
             continue
         store_product = len(readers) > 1 or mm in outputs
@@ -217,10 +185,9 @@ def _timed_here(plan, mm, a, b, bias, fused, consumer_src):
         return lambda: fn[src.grid](*args, **src.meta)
 
     operands = [tensor(x) for x in ((bias, a, b) if bias is not None else (a, b))]
-    tensor(mm)
     consumer = launch(consumer_src)
 
-    def unfused():   # the consumer reads the zeros in `product`: the same work as reading cuBLAS's result
+    def unfused():   # the consumer reads zeros where cuBLAS's product would be: the same work
         mm.fx.target(*operands)
         consumer()
 

@@ -18,7 +18,7 @@ import torch
 
 from brrr.compile import ir
 from brrr.compile.codegen.matmul_template import Epilogue, Tile, generate
-from brrr.compile.codegen.triton import Codegen, KernelSource, Scope
+from brrr.compile.codegen.triton import Codegen, KernelSource, Scope, needs_int64
 from brrr.compile.matmul_configs import default_config
 
 
@@ -66,8 +66,6 @@ def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_o
     cg = _TileCodegen(consumer, stored, load_stored, kernel_of, interpreted=interpreted)
     cg.product = mm
     cg.ops_nodes = set()
-    wide = _wide(a, b, mm, batch * m * n)
-    cg.int64 = wide
     cg.inputs = {a: "in_ptr0", b: "in_ptr1"}
     if bias is not None:
         cg.ptr(bias, cg.inputs, "in_ptr")
@@ -78,12 +76,12 @@ def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_o
     ir._RECORD.append(cg.ops_nodes)
     prev, ir.LOAD_STORED = ir.LOAD_STORED, load_stored
     try:
-        idx = consumer.full_index()
-        for r in consumer.roots:
-            cg.store(scope, r, idx, cg.value(scope, r(idx)))
+        cg.store_roots(scope, consumer.roots)
     finally:
         ir.LOAD_STORED = prev
         ir._RECORD.pop()
+    # the consumer's tensors as every kernel checks them; a host view's strides only its traced value knows
+    wide = needs_int64(consumer, cg) or _spans_int32(a) or _spans_int32(b)
     i64 = ".to(tl.int64)" if wide else ""
     head = [f"xindex = (pid_b * {m * n} + rm * {n} + rn){i64}", "xmask = mask"]
     if bias is not None:
@@ -131,15 +129,9 @@ def strides_of(node):
     return tuple(fake.stride())
 
 
-def _wide(a, b, out, numel):
+def _spans_int32(node):
     limit = 2 ** 31 - 1
-    if numel >= limit // 2:
-        return True
-    for node in (a, b, out):
-        extent = sum((s - 1) * st for s, st in zip(node.shape, strides_of(node)) if s > 0)
-        if extent >= limit // 2:
-            return True
-    return False
+    return sum((s - 1) * st for s, st in zip(node.shape, strides_of(node)) if s > 0) >= limit // 2
 
 
 def _batch_stride(x, strides, batched):

@@ -349,6 +349,13 @@ class Codegen:
 
     ops_nodes = None
 
+    def store_roots(self, scope, roots):
+        """Each pointwise root computed at the kernel's flat index and stored (`xindex` and `xmask` named by the
+        caller's head: a block of a pointwise kernel, or a matmul template's tile)."""
+        idx = self.k.full_index()
+        for r in roots:
+            self.store(scope, r, idx, self.value(scope, r(idx)))
+
     def gen_pointwise(self, roots):
         k = self.k
         if k.tile:
@@ -358,9 +365,7 @@ class Codegen:
         warps = 4 if xblock <= 1024 else 8
         self.x_full = n % xblock == 0
         s = Scope()
-        idx = k.full_index()
-        for r in roots:
-            self.store(s, r, idx, self.value(s, r(idx)))
+        self.store_roots(s, roots)
         head = [f"    xnumel = {n}",
                 f"    xoffset = tl.program_id(0){'.to(tl.int64)' if self.int64 else ''} * XBLOCK",
                 "    xindex = xoffset + tl.arange(0, XBLOCK)",
@@ -379,9 +384,7 @@ class Codegen:
         self.x_full, self.y_full = xn % xblock == 0, yn % yblock == 0
         xblocks = math.ceil(xn / xblock)
         s = Scope()
-        idx = k.full_index()
-        for r in roots:
-            self.store(s, r, idx, self.value(s, r(idx)))
+        self.store_roots(s, roots)
         i64 = ".to(tl.int64)" if self.int64 else ""
         head = [f"    xnumel = {xn}", f"    ynumel = {yn}",
                 f"    pid = tl.program_id(0){i64}",
