@@ -83,7 +83,9 @@ def first_step(backend, tiny):
         wrap_phases(totals, counts)
     device = "cpu" if tiny else "cuda"
     work = models.BY_NAME["bert-mlm-train"].build(device, torch.bfloat16, tiny)
-    compiled = torch.compile(work.model, backend=backend)
+    from brrr.bench.backends import resolve_backend
+
+    compiled = torch.compile(work.model, backend=resolve_backend(backend) or backend)   # no entry point needed
     if device == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()

@@ -169,6 +169,7 @@ def _training_callable(capture):
         # with CUDA graphs, a forward replay lends the saved tensors uncopied and the backward reads them there
         fw_call.lend = tuple(range(n_out, n_out + n_saved))
         bw_call.pin = tuple(range(n_saved))
+        bw_call.lender = fw_call
 
     class LeanCompiledFunction(torch.autograd.Function):
         @staticmethod

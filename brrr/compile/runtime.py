@@ -218,6 +218,7 @@ class CompiledGraph:
         self.lend = ()        # output positions a replay may return uncopied (see graphs.Loan)
         self.lent = False     # whether the last call's outputs at those positions are the graph's own memory
         self.pin, self.pinned_ready = (), True   # inputs lent by another graph, and whether they still are
+        self.lender = None    # that graph (a backward's forward): with "auto", the two decide together
 
     def __call__(self, *args):
         args = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
@@ -251,22 +252,29 @@ class CompiledGraph:
         if self.cuda_graphs and self.call is not self._aten_call:
             self.graphed = GraphedCall(self.call, args, self.lend, self.pin)
             if self.cuda_graphs == "auto":
-                self.trial = ReplayTrial(self.kind)
+                partner = self.lender.trial if self.lender is not None else None
+                self.trial = ReplayTrial(self.kind, partner=partner)
         return out
 
     def _run_trial(self, args):
         """A call while cuda_graphs="auto" times launching against replaying (replay_choice.py)."""
+        trial, graphed = self.trial, self.graphed
+        if trial.replay is not None:   # decided by its backward, during that graph's call
+            self._settle_trial(trial)
+            return self._run(args)
         if torch.cuda.is_current_stream_capturing():   # inside the caller's own capture: just launch
             return self.call(args)
-        trial, graphed = self.trial, self.graphed
         graphed.pinned_ready = self.pinned_ready
         out, replayed = trial.run(self.call, graphed, args)
         self.lent = replayed and bool(graphed.lend)
         if trial.replay is not None:
-            self.trial = None
-            if not trial.replay:
-                self.graphed = None   # its memory goes once no loan holds it
+            self._settle_trial(trial)
         return out
+
+    def _settle_trial(self, trial):
+        self.trial = None
+        if not trial.replay:
+            self.graphed = None   # its memory goes once no loan holds it
 
     def _first_call(self, args):
         """The first call checks what brrr made. A kernel that fails to compile or launch has the graph

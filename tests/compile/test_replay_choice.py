@@ -186,3 +186,79 @@ def test_early_slow_calls_do_not_decide_for_replaying(clock, fake_cuda_graphs):
     run_calls(graph, replay_choice.TRIAL_CALLS, w)
     (decision,) = replay_choice.DECISIONS
     assert not decision.replay and decision.launch_s == pytest.approx(12e-3)
+
+
+def pair_of_graphs(clock, fake_cuda_graphs, forward_costs, backward_costs):
+    """A training forward lending its saved tensor to a backward that pins it, wired as lean_autograd does."""
+    def forward(args):
+        x, w = args
+        clock.spend(*forward_costs[fake_cuda_graphs.replaying])
+        return (x * w + 1, x * 2)
+
+    def backward(args):
+        saved, g = args
+        clock.spend(*backward_costs[fake_cuda_graphs.replaying])
+        return (saved * g,)
+    fw = CompiledGraph(forward, None, "", cuda_graphs="auto", kind="forward")
+    bw = CompiledGraph(backward, None, "", cuda_graphs="auto", kind="backward")
+    fw.lend, bw.pin, bw.lender = (1,), (0,), fw
+    return fw, bw
+
+
+def train_steps(fw, bw, n, w):
+    for i in range(n):
+        x = torch.full((4,), float(i))
+        out, saved = fw([x, w])
+        torch.testing.assert_close(out, x * w + 1)
+        bw.pinned_ready = fw.lent   # lean_autograd: the loan is still the forward's memory
+        (grad,) = bw([saved, torch.ones(4)])
+        torch.testing.assert_close(grad, x * 2)
+
+
+def test_a_forward_that_ties_replays_with_the_backward_whose_replay_pays(clock, fake_cuda_graphs):
+    """Apart, the forward (4.65 vs 4.63 ms: a tie) would launch, and its backward, which saves 2.5 ms replayed
+    but can replay only with a replayed forward, would launch too. Together both replay."""
+    w = torch.randn(4)
+    fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (4.65e-3, 4.6e-3), True: (50e-6, 4.63e-3)},
+                            {False: (8.36e-3, 5e-3), True: (50e-6, 5.81e-3)})
+    train_steps(fw, bw, replay_choice.TRIAL_CALLS, w)
+    forward, backward = replay_choice.DECISIONS
+    assert (forward.graph, backward.graph) == ("forward", "backward")
+    assert forward.replay and backward.replay
+    assert "both replayed" in str(forward) and "10440 both replayed" in str(backward)
+    replays = fake_cuda_graphs.replays
+    train_steps(fw, bw, 3, w)   # the forward takes its verdict, given during the backward's call, at its next call
+    assert fake_cuda_graphs.replays == replays + 6
+    assert fw.trial is None and bw.trial is None and fw.graphed is not None and bw.graphed is not None
+
+
+def test_a_device_bound_pair_launches_both(clock, fake_cuda_graphs):
+    w = torch.randn(4)
+    fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (1e-3, 5e-3), True: (50e-6, 5.1e-3)},
+                            {False: (1e-3, 8e-3), True: (50e-6, 8.1e-3)})
+    train_steps(fw, bw, replay_choice.TRIAL_CALLS + 3, w)
+    assert [d.replay for d in replay_choice.DECISIONS] == [False, False]
+    assert fw.graphed is None and bw.graphed is None
+
+
+def test_a_host_bound_forward_replays_beside_a_device_bound_backward(clock, fake_cuda_graphs):
+    w = torch.randn(4)
+    fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (3e-3, 1e-3), True: (50e-6, 1e-3)},
+                            {False: (1e-3, 8e-3), True: (50e-6, 8.2e-3)})
+    train_steps(fw, bw, replay_choice.TRIAL_CALLS + 3, w)
+    assert [d.replay for d in replay_choice.DECISIONS] == [True, False]
+
+
+def test_a_forward_whose_backward_stops_running_decides_alone(clock, fake_cuda_graphs):
+    """Its backward ran once (so the forward waits for it), then only forwards run (evaluation with grad on)."""
+    w = torch.randn(4)
+    fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (3e-3, 1e-3), True: (50e-6, 1e-3)},
+                            {False: (1e-3, 8e-3), True: (50e-6, 8.2e-3)})
+    train_steps(fw, bw, 1, w)
+    for i in range(replay_choice.TRIAL_CALLS - 1):
+        fw([torch.full((4,), float(i)), w])
+    assert replay_choice.DECISIONS == [] and fw.trial.waits   # sampled, waiting for its backward
+    for i in range(replay_choice.PATIENCE):
+        fw([torch.full((4,), float(i)), w])
+    (decision,) = replay_choice.DECISIONS
+    assert decision.replay and decision.pair == "" and fw.trial is None and fw.graphed is not None

@@ -23,6 +23,7 @@ PERSISTENT_TILE = 2048      # elements of a persistent reduction's tile when row
 LOOPED_RBLOCK = 2048        # elements per step of a looped (long-row) reduction
 COLUMN_PERSISTENT_MAX = 64  # a column reduction holds at most this many reduced elements per column at once
 COLUMN_XBLOCK = 64          # columns per program of a column reduction: loads run along them, coalesced
+COLUMN_RBLOCK = 32          # rows per step of a looped column reduction
 FEW_COLUMNS = 4096          # a column reduction over at most this many columns and ...
 FEW_COLUMNS_RMAX = 1024     # ... at most this many rows holds its columns whole: more, shorter programs
 UNROLL_MAX = 32             # a column reduction over at most this many elements (a pooling window) is unrolled
@@ -423,7 +424,7 @@ class Codegen:
             xblock = max(1, min(next_pow2(X), max(1, PERSISTENT_TILE // rblock),
                                 COLUMN_XBLOCK if inner_kept else 4096))
         else:
-            rblock = 32 if inner_kept else LOOPED_RBLOCK
+            rblock = COLUMN_RBLOCK if inner_kept else LOOPED_RBLOCK
             xblock = COLUMN_XBLOCK if inner_kept else 1
             if across:
                 xblock, rblock = ACROSS_TILE if X >= ACROSS_TILE[0] * FEW_PROGRAMS else FEW_PROGRAMS_TILE
