@@ -80,11 +80,12 @@ def run_config(config, backends, device, dtype, quick, rep_ms):
 
     from brrr.bench import bench, bench_shapes
     from brrr.bench.backends import stop_inductor_workers
-    from brrr.compile import replay_choice
+    from brrr.compile import fallbacks, linear_cross_entropy_pass, replay_choice
 
     entry = {"name": config.name, "family": config.family, "train": config.train}
     start = time.perf_counter()
-    decided = len(replay_choice.DECISIONS)
+    decided, fell, rewritten = (len(replay_choice.DECISIONS), len(fallbacks.LOG),
+                                len(linear_cross_entropy_pass.REWRITES))
     try:
         work = config.build(device, dtype, quick)
         warmup, rep = (2, 5) if quick else (25, rep_ms or 300)
@@ -106,6 +107,9 @@ def run_config(config, backends, device, dtype, quick, rep_ms):
     entry["elapsed_s"] = time.perf_counter() - start
     # what brrr's cuda_graphs="auto" chose for each graph of this configuration, with the timings behind it
     entry["replay_decisions"] = [str(d) for d in replay_choice.DECISIONS[decided:]]
+    # what brrr ran as ATen (kernel or graph scope), and the losses it computed without their logits
+    entry["brrr_fallbacks"] = [f"{f.scope} {f.graph} {f.what}: {f.reason}" for f in fallbacks.LOG[fell:]]
+    entry["loss_rewrites"] = [str(r) for r in linear_cross_entropy_pass.REWRITES[rewritten:]]
     work = None
     stop_inductor_workers()   # idle compile workers would share the host with the next configuration's timing
     gc.collect()
@@ -380,6 +384,8 @@ def main(argv=None):
                   f"{report.one_line(entry)}", flush=True)
             for decision in entry["replay_decisions"]:
                 print(f"[zoo]   brrr {decision}", flush=True)
+            for line in entry["brrr_fallbacks"] + entry["loss_rewrites"]:
+                print(f"[zoo]   brrr {line}", flush=True)
         report.write(results, stem)
     ran = [c for c in configs if results["configs"][c.name]["status"] == "ok"]
     if warm and ran:

@@ -28,6 +28,7 @@ def test_quick_zoo_writes_results_for_static_and_changing_shapes(tmp_path, monke
         rows = {r["backend"]: r for r in entry["result"]["rows"]}
         assert set(rows) == {"eager", "aot_eager", "brrr"}
         assert all(r["status"] == "ok" for r in rows.values()), rows
+        assert entry["brrr_fallbacks"] == [] and entry["loss_rewrites"] == []   # tiny logits: below the rewrite's floor
     decode = {r["backend"]: r for r in configs["llama-decode"]["result"]["rows"]}
     assert decode["eager"]["error_vs_reference"]["norm_rel"] > 0    # bf16 against its own fp32 copy
     shapes = {r["backend"]: r for r in configs["bert-lengths-infer"]["result"]["rows"]}
