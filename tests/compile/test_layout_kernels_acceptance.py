@@ -1,4 +1,4 @@
-"""Smoke run of benchmarks/probes/layout_kernels.py (--quick: tiny sizes, eager and brrr on CPU)."""
+"""Smoke run of benchmarks/acceptance/layout_kernels.py (--quick: tiny sizes, eager and brrr on CPU)."""
 
 import importlib.util
 import json
@@ -7,8 +7,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_layout_probe_runs_every_case_and_reports_roof_fractions(tmp_path, capsys):
-    path = ROOT / "benchmarks" / "probes" / "layout_kernels.py"
+def test_layout_acceptance_runs_every_case_and_reports_roof_fractions(tmp_path, capsys):
+    path = ROOT / "benchmarks" / "acceptance" / "layout_kernels.py"
     spec = importlib.util.spec_from_file_location("layout_kernels", path)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
