@@ -252,14 +252,14 @@ class CompiledGraph:
         if self.cuda_graphs and self.call is not self._aten_call:
             self.graphed = GraphedCall(self.call, args, self.lend, self.pin)
             if self.cuda_graphs == "auto":
-                partner = self.lender.trial if self.lender is not None else None
-                self.trial = ReplayTrial(self.kind, partner=partner)
+                leader = self.lender.trial if self.lender is not None else None
+                self.trial = ReplayTrial(self.kind, leader=leader)
         return out
 
     def _run_trial(self, args):
         """A call while cuda_graphs="auto" times launching against replaying (replay_choice.py)."""
         trial, graphed = self.trial, self.graphed
-        if trial.replay is not None:   # decided by its backward, during that graph's call
+        if trial.replay is not None:   # decided by its forward, during that graph's call
             self._settle_trial(trial)
             return self._run(args)
         if torch.cuda.is_current_stream_capturing():   # inside the caller's own capture: just launch

@@ -40,6 +40,7 @@ def clock(monkeypatch, fake_cuda_graphs):
             return (end.at - self.at) * 1e3
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: setattr(c, "host", max(c.host, c.device)))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(replay_choice.time, "perf_counter", lambda: c.host)
     monkeypatch.setattr(replay_choice, "DECISIONS", [])
@@ -110,8 +111,9 @@ def test_only_replays_lend_their_outputs_and_the_two_ways_take_turns(clock, fake
     for i in range(replay_choice.TRIAL_CALLS):
         graph([torch.full((4,), float(i)), w])
         lent.append(graph.lent)
-    # the checking call launches, the capture replays, then launches and replays take turns
-    assert lent == [False, True] + [False, True] * replay_choice.SAMPLES
+    # the checking call launches, the capture replays, then launches and replays take turns; the last call
+    # ends the last period and, replaying being faster, replays
+    assert lent == [False, True] + [False, True] * replay_choice.SAMPLES + [True]
 
 
 def test_a_graph_that_cannot_capture_launches(clock, fake_cuda_graphs, monkeypatch):
@@ -151,7 +153,8 @@ def test_cuda_graphs_false_and_true_never_time(clock, fake_cuda_graphs):
 def test_explain_lists_the_decisions_of_this_process(clock):
     replay_choice.log(replay_choice.Decision("forward", True, 500e-6, 210e-6, "faster replayed"))
     text = str(brrr.explain(lambda x: x + 1, torch.randn(3)))
-    assert "forward graph: replays a CUDA graph (launching 500 us per call, replaying 210 us)" in text
+    assert ("forward graph: replays a CUDA graph (faster replayed: a call's period 500 us launching, 210 us "
+            "replaying)") in text
 
 
 def test_compile_rejects_an_unknown_cuda_graphs_value():
@@ -166,10 +169,15 @@ def test_the_last_replay_of_a_rejected_graph_can_still_be_tracked(clock, fake_cu
     call = costed_call(clock, fake_cuda_graphs, launch=(100e-6, 1000e-6), replay=(20e-6, 1080e-6))
     graph = CompiledGraph(call, None, "", cuda_graphs="auto")
     graph.lend = (0,)
-    for i in range(replay_choice.TRIAL_CALLS):
+    for i in range(replay_choice.TRIAL_CALLS - 1):
         out = graph([torch.full((4,), float(i)), w])
-    assert graph.lent and graph.graphed is None
-    graph.track(Loan(out, torch.empty(0)))   # the lean forward tracks what it was lent: nothing left to overwrite it
+    assert graph.lent and graph.graphed is not None   # the last timed call replayed and lent its outputs
+    loan = Loan(out, torch.empty(0))
+    graph.track(loan)
+    graph([torch.full((4,), 0.0), w])   # the verdict: launch; the graph's memory stays while the loan holds it
+    assert graph.graphed is None and not graph.lent
+    graph.track(Loan(out, torch.empty(0)))   # nothing left to overwrite it: a no-op
+    torch.testing.assert_close(loan.tensors[0], torch.full((4,), float(replay_choice.TRIAL_CALLS - 2)) * w + 1)
 
 
 def test_early_slow_calls_do_not_decide_for_replaying(clock, fake_cuda_graphs):
@@ -215,19 +223,21 @@ def train_steps(fw, bw, n, w):
         torch.testing.assert_close(grad, x * 2)
 
 
-def test_a_forward_that_ties_replays_with_the_backward_whose_replay_pays(clock, fake_cuda_graphs):
-    """Apart, the forward (4.65 vs 4.63 ms: a tie) would launch, and its backward, which saves 2.5 ms replayed
-    but can replay only with a replayed forward, would launch too. Together both replay."""
+def test_a_forward_times_whole_steps_and_its_backward_follows(clock, fake_cuda_graphs):
+    """BERT MLM's numbers on one H100: launched, the forward's host time hides under its device time, so the
+    graphs' own costs summed say 11.2 ms against 10.8 replayed (a tie); the step's period is 11.2 ms against
+    10.3, and both replay."""
     w = torch.randn(4)
-    fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (4.65e-3, 4.6e-3), True: (50e-6, 4.63e-3)},
-                            {False: (8.36e-3, 5e-3), True: (50e-6, 5.81e-3)})
+    fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (3.68e-3, 5.54e-3), True: (0.62e-3, 4.51e-3)},
+                            {False: (5.40e-3, 5.64e-3), True: (50e-6, 5.74e-3)})
     train_steps(fw, bw, replay_choice.TRIAL_CALLS, w)
     forward, backward = replay_choice.DECISIONS
     assert (forward.graph, backward.graph) == ("forward", "backward")
     assert forward.replay and backward.replay
-    assert "both replayed" in str(forward) and "10440 both replayed" in str(backward)
+    assert forward.launch_s == pytest.approx(11.18e-3) and forward.replay_s == pytest.approx(10.25e-3)
+    assert "over whole steps with its backward" in str(forward) and "as its forward graph" in str(backward)
     replays = fake_cuda_graphs.replays
-    train_steps(fw, bw, 3, w)   # the forward takes its verdict, given during the backward's call, at its next call
+    train_steps(fw, bw, 3, w)
     assert fake_cuda_graphs.replays == replays + 6
     assert fw.trial is None and bw.trial is None and fw.graphed is not None and bw.graphed is not None
 
@@ -241,24 +251,16 @@ def test_a_device_bound_pair_launches_both(clock, fake_cuda_graphs):
     assert fw.graphed is None and bw.graphed is None
 
 
-def test_a_host_bound_forward_replays_beside_a_device_bound_backward(clock, fake_cuda_graphs):
+def test_a_backward_that_cannot_capture_launches_and_its_forward_still_decides(clock, fake_cuda_graphs,
+                                                                             monkeypatch):
+    from brrr.compile.graphs import GraphedCall
+
+    capture = GraphedCall._capture
+    monkeypatch.setattr(GraphedCall, "_capture", lambda self, args: False if self.pin else capture(self, args))
     w = torch.randn(4)
     fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (3e-3, 1e-3), True: (50e-6, 1e-3)},
-                            {False: (1e-3, 8e-3), True: (50e-6, 8.2e-3)})
-    train_steps(fw, bw, replay_choice.TRIAL_CALLS + 3, w)
-    assert [d.replay for d in replay_choice.DECISIONS] == [True, False]
-
-
-def test_a_forward_whose_backward_stops_running_decides_alone(clock, fake_cuda_graphs):
-    """Its backward ran once (so the forward waits for it), then only forwards run (evaluation with grad on)."""
-    w = torch.randn(4)
-    fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (3e-3, 1e-3), True: (50e-6, 1e-3)},
-                            {False: (1e-3, 8e-3), True: (50e-6, 8.2e-3)})
-    train_steps(fw, bw, 1, w)
-    for i in range(replay_choice.TRIAL_CALLS - 1):
-        fw([torch.full((4,), float(i)), w])
-    assert replay_choice.DECISIONS == [] and fw.trial.waits   # sampled, waiting for its backward
-    for i in range(replay_choice.PATIENCE):
-        fw([torch.full((4,), float(i)), w])
-    (decision,) = replay_choice.DECISIONS
-    assert decision.replay and decision.pair == "" and fw.trial is None and fw.graphed is not None
+                            {False: (1e-3, 2e-3), True: (50e-6, 2e-3)})
+    train_steps(fw, bw, replay_choice.TRIAL_CALLS + 2, w)
+    backward, forward = replay_choice.DECISIONS
+    assert not backward.replay and "could not capture" in str(backward)
+    assert forward.replay and bw.graphed is None and fw.graphed is not None   # 3 ms of launches saved per step
