@@ -11,7 +11,11 @@ brrr with cuda_graphs False and True on the zoo's bert-mlm-train (bf16, 8x512): 
 to back, each graph call's host time and event time (median of 30 steps), the rest of the step, do_bench's
 median with its L2 flush, and cProfile's top functions over 10 launched steps.
 
-    PYTHONPATH=$PWD python3 benchmarks/probes/why_bert_mlm_launches_cost_more_in_the_loop.py
+    PYTHONPATH=$PWD python3 benchmarks/probes/why_bert_mlm_launches_cost_more_in_the_loop.py [CONFIG ...]
+
+Also asked of densenet121-train, which measured 0.96x eager at d9e3506 (eager 35.24 ms, brrr 36.83; back to
+back 40.02 / 39.84) with its backward never replaying ("could not capture or replay these inputs"): for each
+compiled graph under cuda_graphs=True, whether its CUDA graph captured, failed, or refused moved inputs.
 """
 
 import cProfile
@@ -31,14 +35,21 @@ sys.path[:0] = [str(HERE.parent / "zoo"), str(HERE.parent)]
 
 def main():
     import models
+
+    for name in sys.argv[1:] or ["bert-mlm-train"]:
+        print(f"\n# {name}")
+        one_config(models.BY_NAME[name].build("cuda", torch.bfloat16, False))
+    return 0
+
+
+def one_config(work):
     from triton.testing import do_bench
 
     import brrr
     from brrr.bench.step import Step, make_cotangents
     from brrr.compile.runtime import CompiledGraph
 
-    work = models.BY_NAME["bert-mlm-train"].build("cuda", torch.bfloat16, False)
-    calls = []
+    calls, graphs_seen = [], {}
     original = CompiledGraph.__call__
 
     def timed(self, *args):
@@ -49,6 +60,7 @@ def main():
         host = time.perf_counter() - t0
         end.record()
         calls.append((self.kind, host, start, end))
+        graphs_seen[id(self)] = self
         return out
     CompiledGraph.__call__ = timed
     cotangents = make_cotangents(work.model(*work.inputs))
@@ -87,6 +99,14 @@ def main():
                   f"max {max(hosts) * 1e3:.2f}), events {statistics.median(devs) * 1e3:.2f} ms "
                   f"(min {min(devs) * 1e3:.2f}, max {max(devs) * 1e3:.2f}), {len(rows)} calls")
         print(f"  host outside the graph calls: {(statistics.median(walls) - inside) * 1e3:.2f} ms/step")
+        if graphs:
+            for g in graphs_seen.values():
+                gr = g.graphed
+                state = "no graph" if gr is None else (
+                    f"captured={gr.graph is not None} failed={gr.failed} refusals={gr.refusals} "
+                    f"pin={len(g.pin)} copied_in={len(getattr(gr, 'copied_in', []))}")
+                print(f"  {g.kind} graph: {state}")
+        graphs_seen.clear()
         if not graphs:
             prof = cProfile.Profile()
             torch.cuda.synchronize()
@@ -98,7 +118,7 @@ def main():
             text = io.StringIO()
             pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
             print("\n".join(line for line in text.getvalue().splitlines()[:45] if line.strip()))
-    return 0
+    CompiledGraph.__call__ = original
 
 
 if __name__ == "__main__":
