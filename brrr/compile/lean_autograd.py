@@ -8,7 +8,10 @@ kernel, more than the seed MLP's whole backward on the device.
 
 When AOTAutograd's own metadata says a graph is *plain* (`plain_reason` returns None), brrr calls its
 compiled graphs directly: inference graphs as they are, training graphs from one `autograd.Function` that
-saves what the forward graph returns for the backward graph. Anything else keeps AOTAutograd's runtime,
+saves what the forward graph returns for the backward graph. Plain includes inputs whose data the graph
+updates and that need no gradient (batch norm's running statistics in training): the graph returns their new
+values first, and one `torch._foreach_copy_` writes them back after the call, where AOTAutograd's wrapper
+makes one `copy_` per buffer (densenet121: 363 launches a step). Anything else keeps AOTAutograd's runtime,
 which stays correct for every case. The backward graph is compiled with the forward
 (`force_non_lazy_backward_lowering`), so both are in hand when the backend returns.
 
@@ -18,6 +21,7 @@ under an active fake mode, it runs the captured FX graph, never brrr's kernels.
 """
 
 import contextlib
+import threading
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -56,7 +60,7 @@ class GraphCapture:
         if plain_reason(self, example_inputs) is not None:
             return None
         if self.inference is not None:
-            return _inference_callable(*self.inference, _unsafe_view_outputs(self.meta))
+            return _inference_callable(*self.inference, _unsafe_view_outputs(self.meta), _mutated_inputs(self.meta))
         return _training_callable(self)
 
 
@@ -77,8 +81,9 @@ def plain_reason(capture, example_inputs):
         return "no AOTAutograd metadata"
     if not all(type(x) in PLAIN_INPUT_TYPES for x in example_inputs):
         return "an input is a tensor subclass or not a tensor"
-    if any(i.mutates_data or i.mutates_metadata for i in meta.input_info):
-        return "the graph mutates an input"
+    reason = _mutation_reason(meta)
+    if reason is not None:
+        return reason
     if any(o.output_type not in (OutputType.non_alias, OutputType.unsafe_view_alias) for o in meta.output_info):
         return "an output aliases an input or another output"
     if meta.num_intermediate_bases or getattr(meta, "tokens", None) or getattr(meta, "is_rng_op_functionalized",
@@ -91,13 +96,43 @@ def plain_reason(capture, example_inputs):
     graph = (capture.inference or capture.forward or (None,))[0]
     if graph is None or len(_placeholders(graph)) != len(example_inputs):
         return "the compiled graph's inputs differ from the captured ones (deduplicated or lifted)"
-    if meta.num_forward_returns != len(meta.output_info):
-        return "the graph returns more than the user's outputs"
+    if meta.num_forward_returns != len(_mutated_inputs(meta)) + len(meta.output_info):
+        return "the graph returns more than the user's outputs and its updated inputs"
     if capture.inference is not None:
         return None
     if capture.backward is None:
         return "no backward graph compiled with the forward"
     return _training_shape_reason(capture, meta)
+
+
+def _mutated_inputs(meta):
+    """Positions of the inputs whose new values the graph returns first (AOTAutograd applies them after it)."""
+    return tuple(getattr(meta, "mutated_inp_runtime_indices", ()))
+
+
+def _mutation_reason(meta):
+    """Why the graph's input mutations need AOTAutograd's runtime, or None: data updates of inputs that need no
+    gradient, applied after the graph, are brrr's to write back."""
+    for i, info in enumerate(meta.input_info):
+        if not (info.mutates_data or info.mutates_metadata):
+            continue
+        if info.mutates_metadata or getattr(info, "mutates_storage_metadata", False):
+            return "the graph changes an input's sizes, strides or storage"
+        if info.requires_grad:
+            return "the graph updates an input that requires grad"
+        if i not in _mutated_inputs(meta):
+            return "the graph updates an input inside itself"
+    if getattr(meta, "mutated_inp_stream_indices", None) and any(
+            x is not None for x in meta.mutated_inp_stream_indices):
+        return "an input is updated on a stream of the user's"
+    return None
+
+
+def _write_back(args, mutated, new_values):
+    """The graph's updated inputs written into the caller's tensors, in one multi-tensor copy."""
+    if mutated and len(new_values):
+        with torch.no_grad():
+            torch._foreach_copy_([args[i] for i in mutated], list(new_values))
 
 
 def _training_shape_reason(capture, meta):
@@ -145,11 +180,16 @@ def _fake():
     return torch._C._get_dispatch_mode(_FAKE_MODE) is not None
 
 
-def _inference_callable(gm, compiled, unsafe_views):
+def _inference_callable(gm, compiled, unsafe_views, mutated=()):
+    n_mut = len(mutated)
+
     def run(*args):
         with _amp_guard():
-            outs = gm(*args) if _fake() else compiled(list(args))
-            return tuple(_regenerate(outs, unsafe_views))
+            if _fake():   # metadata only: a data update changes no input's metadata
+                return tuple(_regenerate(gm(*args)[n_mut:], unsafe_views))
+            outs = compiled(list(args))
+            _write_back(args, mutated, outs[:n_mut])
+            return tuple(_regenerate(outs[n_mut:], unsafe_views))
 
     run._brrr_lean = "inference"
     return run
@@ -164,6 +204,9 @@ def _training_callable(capture):
     n_saved = len(_outputs(capture.forward[0])) - n_out
     tangent_strides = tuple(tuple(p.meta["val"].stride()) for p in _placeholders(capture.backward[0])[n_saved:])
     unsafe_views = _unsafe_view_outputs(meta)
+    mutated = _mutated_inputs(meta)
+    n_mut = len(mutated)
+    updates = threading.local()   # the forward's new values of updated inputs, written back after autograd's call
     lending = isinstance(fw_call, CompiledGraph) and isinstance(bw_call, CompiledGraph)
     if lending:
         # with CUDA graphs, a forward replay lends the saved tensors uncopied and the backward reads them there
@@ -188,7 +231,8 @@ def _training_callable(capture):
             else:
                 # a saved view would keep its base's autograd history alive; the backward needs only values
                 ctx.save_for_backward(*[t.detach() if t._is_view() else t for t in saved])
-            user = _regenerate(outs[:n_out], unsafe_views)
+            updates.values = () if fake else outs[:n_mut]
+            user = _regenerate(outs[n_mut:n_out], unsafe_views)
             if non_diff:
                 ctx.mark_non_differentiable(*[user[i] for i in non_diff if isinstance(user[i], torch.Tensor)])
             ctx._materialize_non_diff_grads = False
@@ -210,8 +254,15 @@ def _training_callable(capture):
             with _amp_guard():
                 return tuple(bw_call(saved + tangents))
 
-    def run(*args):
-        return LeanCompiledFunction.apply(*args)
+    if not n_mut:
+        def run(*args):
+            return LeanCompiledFunction.apply(*args)
+    else:
+        def run(*args):
+            out = LeanCompiledFunction.apply(*args)
+            _write_back(args, mutated, updates.values)   # outside the Function, as AOTAutograd does
+            updates.values = ()
+            return out
 
     run._brrr_lean = "training"
     return run

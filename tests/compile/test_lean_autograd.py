@@ -54,18 +54,55 @@ def test_bert_training_runs_lean_and_matches_eager():
                                    atol=1e-5 * scale)
 
 
-def test_input_mutation_keeps_aot_runtime():
-    bn = torch.nn.BatchNorm1d(6)
-    x = torch.randn(5, 6, requires_grad=True)
-    ref_bn = torch.nn.BatchNorm1d(6)
-    fn, rec = _compile(bn)
-    out = fn(x)
-    ref = ref_bn(x)
-    assert rec.runtimes == ["aot"]   # running stats are updated in place
-    torch.testing.assert_close(out, ref)
-    torch.testing.assert_close(bn.running_mean, ref_bn.running_mean)
-    torch.testing.assert_close(bn.running_var, ref_bn.running_var)
+def test_running_statistics_are_written_back_by_the_lean_runtime():
+    """Batch norm in training updates its buffers: the graph returns their new values and the lean runtime
+    writes them back (one multi-tensor copy), in training and under no_grad, as eager does."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 4, 3), torch.nn.BatchNorm2d(4))
+    ref = __import__("copy").deepcopy(model)
+    fn, rec = _compile(model)
+    for step in range(3):
+        x = torch.randn(4, 3, 10, 10, requires_grad=True)
+        got = _grads(lambda: fn(x).square().sum().backward(), [x, *model.parameters()])
+        want = _grads(lambda: ref(x).square().sum().backward(), [x, *ref.parameters()])
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        x = torch.randn(4, 3, 10, 10)
+        torch.testing.assert_close(fn(x), ref(x), rtol=1e-4, atol=1e-4)
+    assert rec.runtimes == ["training", "inference"]
+    for name, buf in model.named_buffers():
+        torch.testing.assert_close(buf, dict(ref.named_buffers())[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert int(model[1].num_batches_tracked) == 4
+
+
+def test_a_graph_updating_a_plain_tensor_input_runs_lean_and_updates_it():
+    def f(x, counter):
+        counter.add_(1)
+        return x * counter
+    fn, rec = _compile(f)
+    counter, ref_counter = torch.zeros(3), torch.zeros(3)
+    x = torch.randn(3, requires_grad=True)
+    for _ in range(2):
+        out = fn(x, counter)
+        torch.testing.assert_close(out, f(x, ref_counter))
+    torch.testing.assert_close(counter, torch.full((3,), 2.0))
     out.sum().backward()
+    torch.testing.assert_close(x.grad, counter)
+    assert rec.runtimes == ["training"]
+
+
+def test_an_update_autograd_must_see_keeps_aot_runtime():
+    def scales(x):
+        x.mul_(2)   # the update of a non-leaf input that requires grad is part of its autograd history
+        return x.sum()
+    fn, rec = _compile(scales)
+    a = torch.randn(3, requires_grad=True)
+    b, b_ref = a * 1, (a * 1).detach().requires_grad_()
+    fn(b).backward()
+    assert rec.runtimes == ["aot"]
+    torch.testing.assert_close(a.grad, torch.full((3,), 2.0))
 
 
 def test_output_aliasing_an_input_keeps_aot_runtime():
@@ -246,3 +283,21 @@ def test_a_call_on_fake_tensors_runs_no_kernel_and_gives_the_outputs_metadata(mo
             assert isinstance(out, FakeTensor)
             assert (out.shape, out.stride(), out.dtype, out.requires_grad) == \
                 (ref.shape, ref.stride(), ref.dtype, ref.requires_grad)
+
+
+def test_which_input_updates_the_lean_runtime_writes_back():
+    from types import SimpleNamespace as NS
+
+    from brrr.compile.lean_autograd import _mutation_reason
+
+    def meta(*infos, mutated=(0,)):
+        plain = dict(mutates_data=False, mutates_metadata=False, mutates_storage_metadata=False, requires_grad=False)
+        full = [NS(**{**plain, **info}) for info in infos]
+        return NS(input_info=full, mutated_inp_runtime_indices=list(mutated), mutated_inp_stream_indices=None)
+
+    assert _mutation_reason(meta({"mutates_data": True})) is None            # batch norm's running statistics
+    assert _mutation_reason(meta({}, mutated=())) is None                      # no update at all
+    assert "sizes" in _mutation_reason(meta({"mutates_data": True, "mutates_metadata": True}))
+    assert "storage" in _mutation_reason(meta({"mutates_data": True, "mutates_storage_metadata": True}))
+    assert "requires grad" in _mutation_reason(meta({"mutates_data": True, "requires_grad": True}))
+    assert "inside itself" in _mutation_reason(meta({"mutates_data": True}, mutated=()))
