@@ -36,6 +36,18 @@ class Config:
     cost: float = 60.0   # seconds the whole configuration takes on an H100 host (4 backends, cold compiles)
 
 
+BACKEND_WEIGHTS = {"eager": 0.25}   # a compiled backend counts 1: its cold compile dominates a configuration's time
+COSTED_BACKENDS = ("eager", "brrr", "brrr-cudagraphs", "inductor")   # what `Config.cost` was measured with
+
+
+def estimated_cost(config, backends):
+    """Seconds `config` should take with these backends: its cost scaled by their share of the four it was
+    measured with (a compiled backend weighs 1, eager a quarter)."""
+    def weight(names):
+        return sum(BACKEND_WEIGHTS.get(b, 1.0) for b in names)
+    return config.cost * weight(backends) / weight(COSTED_BACKENDS)
+
+
 class LossOf(nn.Module):
     """A Hugging Face model's training step: `model(input_ids, labels=labels).loss`, no cache.
 

@@ -367,14 +367,17 @@ def main(argv=None):
     started = time.perf_counter()
     warm = [b for b in args.warm_compile.split(",") if b and b != "none" and b in backends]
     reserve = args.warm_reserve_s if warm else 0.0
+    from models import estimated_cost
+
     for config in configs:
         elapsed = time.perf_counter() - started
+        cost = estimated_cost(config, backends)
         if elapsed > args.budget_s - reserve or (elapsed > 0 and not quick and
-                                                 elapsed + config.cost > args.budget_s - reserve):
+                                                 elapsed + cost > args.budget_s - reserve):
             results["configs"][config.name] = {"name": config.name, "family": config.family, "train": config.train,
                                                "status": "skipped", **tag,
                                                "error": f"time budget of {args.budget_s:.0f} s: "
-                                                        f"{elapsed:.0f} s spent, ~{config.cost:.0f} s needed"}
+                                                        f"{elapsed:.0f} s spent, ~{cost:.0f} s needed"}
         else:
             print(f"[zoo] {config.name} ...", flush=True)
             results["configs"][config.name] = entry = run_config(config, backends, device, dtype, quick,

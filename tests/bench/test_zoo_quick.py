@@ -92,3 +92,13 @@ def test_merge_keeps_what_ran_and_each_configurations_commit(tmp_path):
     assert {n: (e["status"], e["commit"]) for n, e in merged["configs"].items()} == {
         "resnet50-infer": ("ok", "aaa"), "llama-train": ("ok", "bbb")}
     assert merged["environment"]["commit"] == "aaa, bbb" and "llama-train @bbb" in report.markdown(merged)
+
+
+def test_budget_estimates_scale_with_the_backends_run():
+    models = _load("models")
+    densenet = models.BY_NAME["densenet121-train"]
+    full = models.estimated_cost(densenet, ["eager", "brrr", "brrr-cudagraphs", "inductor"])
+    two = models.estimated_cost(densenet, ["eager", "brrr"])
+    assert full == densenet.cost
+    assert two == pytest.approx(densenet.cost * 1.25 / 3.25)   # a 520 s call has room for it after 237 s
+    assert 237 + two < 520 < 237 + full
