@@ -248,6 +248,12 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
         return _dynamo_graph_fallback(str(e), eager_forward, _sink)
     finally:
         compiling[0] = False
+    if _sink is not None and hasattr(_sink, "runtimes"):   # explain: which runtime a real compile would take
+        from brrr.compile.lean_autograd import plain_reason
+
+        why = plain_reason(capture, example_inputs) if patch is not None else \
+            "this torch cannot compile the backward with the forward"
+        _sink.runtimes.append(("inference" if capture.inference is not None else "training", why))
     if not lean or patch is None:
         return compiled
     try:

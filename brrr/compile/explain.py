@@ -79,6 +79,7 @@ class Explanation:
     paddings: list = field(default_factory=list)     # (graph, matmul_padding.Padding): unaligned matmuls
     linear_losses: list = field(default_factory=list)  # linear_cross_entropy_pass.Rewrite: losses without logits
     matmuls: list = field(default_factory=list)      # MatmulInfo: each matmul, cuBLAS or a template kernel
+    runtimes: list = field(default_factory=list)     # (inference | training, why AOTAutograd's runtime or None)
 
     def planned(self, kind, gm, plan, kernels):
         """compile_graph's sink: one planned graph."""
@@ -130,6 +131,11 @@ class Explanation:
             lines.append("fallbacks while compiling in this process (kernel and graph scope):")
             for f in self.seen:
                 lines.append(f"  [{f.graph}] {f.scope}: {f.what}: {f.reason}")
+        if self.runtimes:
+            lines.append("runtime around the compiled graphs:")
+            for kind, why in self.runtimes:
+                lines.append(f"  [{kind}] " + ("brrr's lean runtime" if why is None else
+                                               f"AOTAutograd's runtime wrappers (more host time per call): {why}"))
         if self.replays:
             lines.append("CUDA graphs chosen by timing (cuda_graphs=\"auto\") for graphs run in this process:")
             for d in self.replays:

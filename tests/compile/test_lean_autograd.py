@@ -301,3 +301,18 @@ def test_which_input_updates_the_lean_runtime_writes_back():
     assert "storage" in _mutation_reason(meta({"mutates_data": True, "mutates_storage_metadata": True}))
     assert "requires grad" in _mutation_reason(meta({"mutates_data": True, "requires_grad": True}))
     assert "inside itself" in _mutation_reason(meta({"mutates_data": True}, mutated=()))
+
+
+def test_explain_names_the_runtime_each_graph_takes():
+    import brrr
+
+    bn = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    ex = brrr.explain(bn, torch.randn(3, 4), train=True)
+    assert ex.runtimes == [("training", None)] and "[training] brrr's lean runtime" in str(ex)
+
+    def scales(x):
+        x.mul_(2)
+        return x.sum()
+    ex = brrr.explain(scales, torch.randn(3, requires_grad=True) * 1, train=True)
+    assert ex.runtimes == [("training", "the graph updates an input that requires grad")]
+    assert "AOTAutograd's runtime wrappers" in str(ex)
