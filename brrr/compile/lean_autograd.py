@@ -113,6 +113,7 @@ def _mutated_inputs(meta):
 def _mutation_reason(meta):
     """Why the graph's input mutations need AOTAutograd's runtime, or None: data updates of inputs that need no
     gradient, applied after the graph, are brrr's to write back."""
+    written_back = set(_mutated_inputs(meta))
     for i, info in enumerate(meta.input_info):
         if not (info.mutates_data or info.mutates_metadata):
             continue
@@ -120,7 +121,7 @@ def _mutation_reason(meta):
             return "the graph changes an input's sizes, strides or storage"
         if info.requires_grad:
             return "the graph updates an input that requires grad"
-        if i not in _mutated_inputs(meta):
+        if i not in written_back:
             return "the graph updates an input inside itself"
     if getattr(meta, "mutated_inp_stream_indices", None) and any(
             x is not None for x in meta.mutated_inp_stream_indices):
@@ -182,14 +183,19 @@ def _fake():
 
 def _inference_callable(gm, compiled, unsafe_views, mutated=()):
     n_mut = len(mutated)
-
-    def run(*args):
-        with _amp_guard():
-            if _fake():   # metadata only: a data update changes no input's metadata
-                return tuple(_regenerate(gm(*args)[n_mut:], unsafe_views))
-            outs = compiled(list(args))
-            _write_back(args, mutated, outs[:n_mut])
-            return tuple(_regenerate(outs[n_mut:], unsafe_views))
+    if not n_mut:
+        def run(*args):
+            with _amp_guard():
+                outs = gm(*args) if _fake() else compiled(list(args))
+                return tuple(_regenerate(outs, unsafe_views))
+    else:
+        def run(*args):
+            with _amp_guard():
+                if _fake():   # metadata only: a data update changes no input's metadata
+                    return tuple(_regenerate(gm(*args)[n_mut:], unsafe_views))
+                outs = compiled(list(args))
+                _write_back(args, mutated, outs[:n_mut])
+                return tuple(_regenerate(outs[n_mut:], unsafe_views))
 
     run._brrr_lean = "inference"
     return run

@@ -218,7 +218,7 @@ class CompiledGraph:
         self.lend = ()        # output positions a replay may return uncopied (see graphs.Loan)
         self.lent = False     # whether the last call's outputs at those positions are the graph's own memory
         self.pin, self.pinned_ready = (), True   # inputs lent by another graph, and whether they still are
-        self.lender = None    # that graph (a backward's forward): with "auto", the two decide together
+        self.lender = None    # that graph (a backward's forward): with "auto", its trial leads this one's
 
     def __call__(self, *args):
         args = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
