@@ -2,7 +2,9 @@
 
 `CONFIGS` is the short list of candidates, chosen for the H100 (132 SMs, 227 KiB of shared memory per block).
 `candidates(...)` keeps those that fit a problem and a dtype; `default_config(...)` picks one by rule, without
-timing. The seam for autotuning: a later step times `candidates(...)` (and cuBLAS) once per problem and caches
+timing. The rule's tiles are measured ones: on an H200, bf16, 128x128x64 with 8 warps and 3 stages was the
+fastest tile of the template or within a point of it on 4096^3 and on five of the zoo's LM matmuls (70-83% of
+cuBLAS), where 128x256 ran at 60-72% (benchmarks/NOTES.md, "What brings the matmul template to cuBLAS?"). The seam for autotuning: a later step times `candidates(...)` (and cuBLAS) once per problem and caches
 the winner; `default_config` stays as what runs before (or without) that measurement.
 """
 
@@ -13,6 +15,9 @@ WAVE_FILL = 0.75                 # a rule of thumb, not measured: a tile whose w
 # bytes of shared memory a block may use on the H100; compiled for sm_90, the template's kernels used at most
 # `TileConfig.shared_bytes` (exactly, on wgmma; the epilogue's layout conversion reuses the pipeline's buffers)
 SHARED_MEMORY = 227 * 1024
+# no tile the rule picks covers more output than this: 128x256 tiles (8 warps, a 128-register fp32 accumulator
+# per thread) ran 4-15 points of cuBLAS behind 128x128 on every shape measured
+DEFAULT_MAX_AREA = 128 * 128
 
 
 @dataclass(frozen=True)
@@ -39,9 +44,9 @@ class TileConfig:
 
 
 CONFIGS = (
-    TileConfig(128, 256, 64, 8, 8, 3),   # large half-precision problems (too large for fp32's shared memory)
+    TileConfig(128, 256, 64, 8, 8, 3),   # half precision, for autotuning only: larger than DEFAULT_MAX_AREA
+    TileConfig(128, 128, 64, 8, 8, 3),   # the default of large half-precision problems (the measured best)
     TileConfig(128, 128, 64, 8, 8, 4),
-    TileConfig(128, 128, 64, 8, 8, 3),
     TileConfig(128, 128, 32, 8, 8, 3),   # fp32's large tile (64-deep K steps overflow shared memory at 4 bytes)
     TileConfig(64, 128, 32, 8, 4, 4),
     TileConfig(64, 64, 32, 8, 4, 2),
@@ -64,13 +69,15 @@ def candidates(m, n, k, dtype, batch=1):
 
 
 def default_config(m, n, k, dtype, batch=1, sms=SMS):
-    """A config by rule. M <= 32: the smallest small-M tile that covers M. Else the largest tile whose waves of
-    one tile per SM are at least WAVE_FILL busy (larger tiles read each operand fewer times); where none is, the
-    tile that leaves each SM the least output area (padding and the idle part of the last wave included)."""
+    """A config by rule. M <= 32: the smallest small-M tile that covers M. Else, among tiles of at most
+    DEFAULT_MAX_AREA, the largest whose waves of one tile per SM are at least WAVE_FILL busy (larger tiles read
+    each operand fewer times); where none is, the tile that leaves each SM the least output area (padding and
+    the idle part of the last wave included)."""
     usable = candidates(m, n, k, dtype, batch)
     if m <= 32:
         small = [c for c in usable if c.block_m >= m] or usable
         return min(small, key=lambda c: (c.block_m, -c.block_n))
+    usable = [c for c in usable if c.block_m * c.block_n <= DEFAULT_MAX_AREA] or usable
     busy = [c for c in usable if wave_fill(c, m, n, batch, sms) >= WAVE_FILL]
     if busy:
         return max(busy, key=lambda c: c.block_m * c.block_n)   # the first of the largest: CONFIGS order
