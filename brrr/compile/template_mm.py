@@ -7,6 +7,11 @@ loads it through the runtime's kernel cache (`runtime.load_kernel`: on disk by s
 in the process), allocates the output (or writes into `out`), computes the grid and launches through the JIT.
 Sizes, strides and alpha/beta are kernel arguments, so a new shape or layout reuses the compiled kernel.
 
+On a Hopper GPU (compute capability 9 or more) a 2-D product of 16-bit operands that TMA can read (one unit
+stride each, the other a multiple of 16 bytes, 16-byte aligned) and at least one tile each way runs the TMA
+persistent template (codegen/matmul_template_tma.py) instead; `tma=` forces the choice (tests run it in the
+interpreter).
+
 Semantics follow ATen's: `beta * bias + alpha * (a @ b)`, with the bias ignored (its NaNs too) when beta is 0;
 an activation, if any, applies last. `out` must not overlap the operands.
 """
@@ -16,13 +21,15 @@ import os
 import torch
 
 from brrr.compile.codegen.matmul_template import TL, Activation, Bias, Scale, chain, generate
-from brrr.compile.matmul_configs import default_config
+from brrr.compile.codegen.matmul_template_tma import generate_tma
+from brrr.compile.matmul_configs import default_config, tma_config
 from brrr.compile.runtime import load_kernel
 
 INT32_LIMIT = 2 ** 31
 MAX_BLOCK = 256        # no config's tile side is longer: rows and columns past M, N stay within this of them
 MAX_BATCH = 65535      # the CUDA grid's second axis
-_KERNELS = {}          # (dtype, epilogue, tf32, wide, interpreted, device) -> JITFunction
+_KERNELS = {}          # (dtype, epilogue, tf32, wide, tma, interpreted, device) -> JITFunction
+INTERPRETED_SMS = 3    # programs of the persistent kernel under the interpreter: each walks several tiles
 
 
 def _device_name(device):
@@ -39,20 +46,93 @@ def _wide(tensors):
     return False
 
 
-def kernel(dtype, epilogue, tf32, wide, device):
+def _interpreted():
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def kernel(dtype, epilogue, tf32, wide, device, tma=False):
     """The template's JITFunction for these choices, generated and loaded once per process."""
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    key = (dtype, epilogue, tf32, wide, interpreted, _device_name(device))
+    interpreted = _interpreted()
+    key = (dtype, epilogue, tf32, wide, tma, interpreted, _device_name(device))
     if key not in _KERNELS:
-        src = generate(dtype, epilogue, tf32=tf32, wide=wide, interpreted=interpreted)
+        if tma:
+            src = generate_tma(dtype, epilogue, wide=wide, interpreted=interpreted)
+        else:
+            src = generate(dtype, epilogue, tf32=tf32, wide=wide, interpreted=interpreted)
         _KERNELS[key] = load_kernel(src.source, src.name, key[-1])
     return _KERNELS[key]
 
 
-def launch(a, b, out, epilogue=None, epilogue_args=None, config=None):
+def _descriptor_view(x, unit_last, unit_first):
+    """`x` (2-D) as TMA reads it: (view whose last stride is 1, transposed?), or None. TMA wants a 16-byte
+    aligned base and the other stride a multiple of 16 bytes."""
+    if x.data_ptr() % 16:
+        return None
+    if x.stride(1) == 1 and unit_last:
+        view, transposed = x, False
+    elif x.stride(0) == 1 and unit_first:
+        view, transposed = x.t(), True
+    else:
+        return None
+    if (view.stride(0) * view.element_size()) % 16:
+        return None
+    return view, transposed
+
+
+def _tma_plan(a, b, config, tma):
+    """(descriptors' views and orientations, tile) when the TMA template runs this product, else None.
+    `tma`: None decides by the device (Hopper or later), True wherever the operands allow, False never."""
+    if tma is False:
+        return None
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor   # noqa: F401  (Triton >= 3.4)
+    except ImportError:
+        return None
+    if tma is None and not (a.device.type == "cuda" and torch.cuda.get_device_capability(a.device)[0] >= 9):
+        return None
+    batch, m, k = a.shape
+    n = b.shape[2]
+    tile = config or tma_config(m, n, k, a.dtype, batch)
+    if tile is None or batch != 1 or a.dtype.itemsize != 2 or k == 0:
+        return None
+    a_view = _descriptor_view(a[0], True, True)
+    b_view = _descriptor_view(b[0], True, True)
+    if a_view is None or b_view is None:
+        return None
+    return a_view, b_view, tile
+
+
+def _launch_tma(a, b, out, epilogue, extra, plan, m, n, k):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    (a2, a_t), (b2, b_t), tile = plan
+    a_block = [tile.block_k, tile.block_m] if a_t else [tile.block_m, tile.block_k]
+    b_block = [tile.block_n, tile.block_k] if b_t else [tile.block_k, tile.block_n]
+    a_desc = TensorDescriptor.from_tensor(a2, a_block)
+    b_desc = TensorDescriptor.from_tensor(b2, b_block)
+    tensors = [a, b, out] + [x for x in extra if isinstance(x, torch.Tensor)]
+    fn = kernel(a.dtype, epilogue, False, _wide(tensors), a.device, tma=True)
+    if a.device.type == "cuda":
+        sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    else:
+        sms = INTERPRETED_SMS
+    grid = (max(1, min(sms, tile.tiles(m, n))),)
+    meta = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m, A_T=a_t,
+                B_T=b_t, NUM_SMS=grid[0], num_warps=tile.num_warps, num_stages=tile.num_stages)
+    args = (a_desc, b_desc, out, *extra, m, n, k, out.stride(1), out.stride(2))
+    if a.device.type == "cuda":
+        with torch.cuda.device(a.device):
+            fn[grid](*args, **meta)
+    else:
+        fn[grid](*args, **meta)
+    return out
+
+
+def launch(a, b, out, epilogue=None, epilogue_args=None, config=None, tma=None):
     """out[i] = epilogue(a[i] @ b[i]) for 3-D a [B, M, K], b [B, K, N], out [B, M, N] of one dtype, any strides
     (a batch stride of 0 broadcasts an operand). `epilogue_args`: keywords for `epilogue.bind`. `config`: a
-    `matmul_configs.TileConfig`, else `default_config`'s."""
+    `matmul_configs.TileConfig`, else `default_config`'s (`tma_config`'s on the TMA template). `tma`: whether
+    the TMA persistent template runs where the operands allow it (None: on Hopper GPUs)."""
     batch, m, k = a.shape
     n = b.shape[2]
     if b.shape[:2] != (batch, k) or tuple(out.shape) != (batch, m, n):
@@ -69,6 +149,9 @@ def launch(a, b, out, epilogue=None, epilogue_args=None, config=None):
     tensors = [a, b, out] + [x for x in extra if isinstance(x, torch.Tensor)]
     if len({t.device for t in tensors}) > 1:
         raise ValueError(f"matmul template: tensors on several devices {sorted({str(t.device) for t in tensors})}")
+    plan = _tma_plan(a, b, config, tma)
+    if plan is not None:
+        return _launch_tma(a, b, out, epilogue, extra, plan, m, n, k)
     tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     fn = kernel(a.dtype, epilogue, tf32, _wide(tensors), a.device)
     config = config or default_config(m, n, k, a.dtype, batch)
@@ -93,7 +176,7 @@ def _epilogue(bias, alpha, beta, activation):
     return chain(first, Activation(activation) if activation else None), dict(bias=bias, alpha=alpha, beta=beta)
 
 
-def _matmul(a3, b3, out, out_shape, bias, alpha, beta, activation, config):
+def _matmul(a3, b3, out, out_shape, bias, alpha, beta, activation, config, tma=None):
     batch, m, n = a3.shape[0], a3.shape[1], b3.shape[2]
     if out is None:
         out = torch.empty(out_shape, dtype=a3.dtype, device=a3.device)
@@ -105,18 +188,18 @@ def _matmul(a3, b3, out, out_shape, bias, alpha, beta, activation, config):
             raise ValueError(f"matmul template: bias dtype {bias.dtype} is not the operands' {a3.dtype}")
         bias = bias.expand(batch, m, n)
     epilogue, args = _epilogue(bias, alpha, beta, activation)
-    launch(a3, b3, out3, epilogue, args, config)
+    launch(a3, b3, out3, epilogue, args, config, tma)
     return out
 
 
-def template_mm(a, b, out=None, *, bias=None, alpha=1, beta=1, activation=None, config=None):
+def template_mm(a, b, out=None, *, bias=None, alpha=1, beta=1, activation=None, config=None, tma=None):
     """`activation(beta * bias + alpha * (a @ b))` for 2-D a [M, K], b [K, N]: mm, addmm (`bias` broadcast to
     [M, N]: a row [N], a column [M, 1] or a full matrix) and either with a fused `activation` ("relu",
     "gelu", "gelu_tanh")."""
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"template_mm: 2-D operands, got {a.dim()}-D and {b.dim()}-D")
     return _matmul(a.unsqueeze(0), b.unsqueeze(0), out, (a.shape[0], b.shape[1]), bias, alpha, beta,
-                   activation, config)
+                   activation, config, tma)
 
 
 def template_bmm(a, b, out=None, *, bias=None, alpha=1, beta=1, activation=None, config=None):
@@ -127,9 +210,10 @@ def template_bmm(a, b, out=None, *, bias=None, alpha=1, beta=1, activation=None,
     return _matmul(a, b, out, (a.shape[0], a.shape[1], b.shape[2]), bias, alpha, beta, activation, config)
 
 
-def template_addmm(bias, a, b, *, beta=1, alpha=1, activation=None, out=None, config=None):
+def template_addmm(bias, a, b, *, beta=1, alpha=1, activation=None, out=None, config=None, tma=None):
     """torch.addmm's argument order."""
-    return template_mm(a, b, out, bias=bias, alpha=alpha, beta=beta, activation=activation, config=config)
+    return template_mm(a, b, out, bias=bias, alpha=alpha, beta=beta, activation=activation, config=config,
+                       tma=tma)
 
 
 def template_baddbmm(bias, a, b, *, beta=1, alpha=1, activation=None, out=None, config=None):

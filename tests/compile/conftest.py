@@ -78,16 +78,17 @@ class _BoundsGuard:
 
         def init_args_hst(executor, args_dev, kwargs):
             args_hst, kwargs_hst = init_args(executor, args_dev, kwargs)
+            # a TMA descriptor's tensor is its `base` (TMA itself reads only inside it, zero-filling the rest)
+            tensors = [getattr(a, "base", a) for a in list(args_hst) + list(kwargs_hst.values())]
             guard.ranges = [(s.data_ptr(), s.data_ptr() + s.nbytes())
-                            for s in (a.untyped_storage() for a in list(args_hst) + list(kwargs_hst.values())
-                                      if isinstance(a, torch.Tensor))]
+                            for s in (a.untyped_storage() for a in tensors if isinstance(a, torch.Tensor))]
             return args_hst, kwargs_hst
 
         def checked(op):
-            def run(builder, ptrs, *rest):
+            def run(builder, ptrs, *rest, **kwargs):
                 mask = rest[1] if op is store else rest[0]
                 guard.check(ptrs, mask)
-                return op(builder, ptrs, *rest)
+                return op(builder, ptrs, *rest, **kwargs)
             return run
 
         it.GridExecutor._init_args_hst = init_args_hst

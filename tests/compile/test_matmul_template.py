@@ -262,12 +262,14 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 fn = getattr(module, name)
 sig = {p: "constexpr" if p in consts else types.get(p, "i32") for p in fn.arg_names}
-attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.arg_names) if p not in consts and sig[p] != "fp32"}
+attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.arg_names)
+         if p not in consts and sig[p] != "fp32" and not sig[p].startswith("tensordesc")}
 k = triton.compile(ASTSource(fn, sig, constexprs={(fn.arg_names.index(p),): v for p, v in consts.items()},
                              attrs=attrs), target=GPUTarget("cuda", 90, 32), options=options)
 ptx = k.asm["ptx"]
 print(json.dumps({"mma": sorted(set(re.findall(r"wgmma\\.mma_async[.a-z0-9]*|mma\\.sync[.a-z0-9]*", ptx))),
-                  "copies": sorted(set(re.findall(r"cp\\.async\\.c[ag]\\.[.a-z0-9]*", ptx))), "shared": k.metadata.shared}))
+                  "copies": sorted(set(re.findall(r"cp\\.async\\.c[ag]\\.[.a-z0-9]*", ptx))),
+                  "tma": sorted(set(re.findall(r"cp\\.async\\.bulk\\.tensor[.a-z0-9:]*", ptx))), "shared": k.metadata.shared}))
 """
 
 
@@ -307,3 +309,115 @@ def test_gpu_source_compiles_for_sm90_on_tensor_cores(dtype, config, unit_stride
     else:                        # .cg: 16-byte copies only
         assert result["copies"] == ["cp.async.cg.shared.global"], result
     assert re.fullmatch(r"brrr_mm_\w+", src.name)
+
+
+# ------------------------------------------------------------------------------- TMA persistent template
+
+SMALL_TILE = TileConfig(32, 32, 16, 2, 4, 2)   # several tiles per program under the interpreter's 3 programs
+
+
+def _tma_kernels():
+    return {key for key in template_mm._KERNELS if key[4]}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("a_t,b_t", [(False, False), (False, True), (True, False), (True, True)])
+def test_tma_template_matches_float64_in_every_orientation(dtype, a_t, b_t):
+    """Row-major and transposed operands (a Linear weight is B transposed), sizes that are no multiple of the
+    tile (TMA zero-fills past the edges: no masks in the K loop), a bias and GELU on the tile. Every row of
+    every operand starts 16 bytes after a multiple of 16 bytes, as TMA needs."""
+    m, n, k = 72, 88, 40
+    a = torch.randn(k, m).t() if a_t else torch.randn(m, k)
+    b = torch.randn(n, k).t() if b_t else torch.randn(k, n)
+    bias = torch.randn(n)
+    a, b, bias = a.to(dtype), b.to(dtype), bias.to(dtype)
+    (_, a_read_t), (_, b_read_t), _ = template_mm._tma_plan(a.unsqueeze(0), b.unsqueeze(0), SMALL_TILE, True)
+    assert (a_read_t, b_read_t) == (a_t, b_t)   # each operand read in its contiguous orientation
+    out = template_addmm(bias, a, b, activation="gelu", config=SMALL_TILE, tma=True)
+    assert any(key[0] == dtype for key in _tma_kernels())   # the TMA kernel ran
+    ref = F.gelu(torch.addmm(bias.double(), a.double(), b.double()))
+    assert_half_close(out, F.gelu(torch.addmm(bias, a, b).float()).to(dtype), ref)
+    assert out.stride() == (n, 1)
+
+
+def test_tma_template_writes_through_the_output_strides():
+    a, b = torch.randn(64, 48, dtype=torch.float16), torch.randn(48, 96, dtype=torch.float16)
+    out = torch.zeros(96, 64, dtype=torch.float16).t()     # column-major output
+    mm(a, b, out, config=SMALL_TILE, tma=True)
+    assert_half_close(out, (a.float() @ b.float()).half(), a.double() @ b.double())
+
+
+@pytest.mark.parametrize("case", ["unaligned-stride", "unaligned-base", "batched", "fp32", "no-unit-stride"])
+def test_operands_tma_cannot_read_take_the_pointer_template(case):
+    """TMA wants a unit stride, the other stride a multiple of 16 bytes and a 16-byte aligned base; 2-D
+    products of 16-bit types only. Anything else runs the pointer template, just as right."""
+    dt = torch.float16
+    a, b = torch.randn(40, 24, dtype=dt), torch.randn(24, 36, dtype=dt)
+    if case == "unaligned-stride":
+        a = torch.randn(40, 13, dtype=dt)[:, :12]        # row stride 26 bytes
+        b = b[:12]
+    elif case == "unaligned-base":
+        a = torch.randn(40, 25, dtype=dt)[:, 1:]         # base 2 bytes past an aligned one
+    elif case == "fp32":
+        a, b = a.float(), b.float()
+    elif case == "no-unit-stride":
+        a = torch.randn(40, 48, dtype=dt)[:, ::2]
+    assert template_mm._tma_plan(a.unsqueeze(0), b.unsqueeze(0), SMALL_TILE, True) is None
+    if case == "batched":
+        a3, b3 = torch.randn(2, 40, 24, dtype=dt), torch.randn(2, 24, 36, dtype=dt)
+        assert template_mm._tma_plan(a3, b3, SMALL_TILE, True) is None
+        out = template_bmm(a3, b3)
+        assert_half_close(out, torch.bmm(a3.float(), b3.float()).half(), torch.bmm(a3.double(), b3.double()))
+        return
+    out = mm(a, b, config=SMALL_TILE, tma=True)
+    ref = a.double() @ b.double()
+    if dt == a.dtype:
+        assert_half_close(out, (a.float() @ b.float()).to(dt), ref)
+    else:
+        assert_fp32_close(out, ref)
+
+
+def test_tma_template_runs_on_hopper_only_unless_forced():
+    a, b = torch.randn(256, 64, dtype=torch.float16), torch.randn(64, 256, dtype=torch.float16)
+    assert template_mm._tma_plan(a.unsqueeze(0), b.unsqueeze(0), None, None) is None    # a CPU tensor: no
+    assert template_mm._tma_plan(a.unsqueeze(0), b.unsqueeze(0), None, False) is None
+    plan = template_mm._tma_plan(a.unsqueeze(0), b.unsqueeze(0), None, True)
+    assert plan is not None and plan[2] == matmul_configs.TMA_CONFIG
+    # smaller than one TMA tile each way: the pointer template's small tiles serve it
+    assert matmul_configs.tma_config(64, 4096, 4096, torch.bfloat16) is None
+    assert matmul_configs.tma_config(4096, 4096, 4096, torch.float32) is None
+    assert matmul_configs.tma_config(4096, 4096, 4096, torch.bfloat16, batch=2) is None
+    assert matmul_configs.fits(matmul_configs.TMA_CONFIG, torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype,a_t,b_t", [(torch.bfloat16, False, True), (torch.float16, True, False),
+                                          (torch.bfloat16, False, False)])
+def test_tma_source_compiles_for_sm90_to_bulk_tensor_copies_and_warpgroup_mma(dtype, a_t, b_t, tmp_path):
+    """What a Hopper GPU would run for the TMA template (no GPU needed), in a process of its own: operand tiles
+    arrive by TMA bulk tensor copies, the product is a warpgroup MMA, and the tile fits shared memory."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from brrr.compile.codegen.matmul_template_tma import generate_tma
+    config = matmul_configs.TMA_CONFIG
+    src = generate_tma(dtype, chain(Bias(), Activation("gelu_tanh")))
+    path = tmp_path / f"{src.name}.py"
+    path.write_text(src.source)
+    short = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    a_block = [config.block_k, config.block_m] if a_t else [config.block_m, config.block_k]
+    b_block = [config.block_n, config.block_k] if b_t else [config.block_k, config.block_n]
+    types = dict(a_desc=f"tensordesc<{short}{a_block}>", b_desc=f"tensordesc<{short}{b_block}>",
+                 out_ptr=f"*{short}", bias_ptr=f"*{short}")
+    consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+                  A_T=a_t, B_T=b_t, NUM_SMS=132, stride_on=1, stride_biasn=1, stride_biasm=0, stride_biasb=0)
+    options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(path), src.name, json.dumps(types),
+                           json.dumps(consts), json.dumps(options)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    kind = {torch.bfloat16: "bf16.bf16", torch.float16: "f16.f16"}[dtype]
+    assert result["mma"] and all(op.startswith("wgmma") and kind in op for op in result["mma"]), result
+    assert result["tma"] and not result["copies"], result     # no cp.async: every operand tile comes by TMA
+    # the pipeline's operand tiles and, beyond `shared_bytes`, the epilogue's layout conversion: within the SM
+    assert config.shared_bytes(dtype.itemsize) <= result["shared"] <= SHARED_MEMORY, result
+    assert re.fullmatch(r"brrr_mm_tma_\w+", src.name)

@@ -1,0 +1,97 @@
+"""Matmul template through TMA, persistent -> Triton source (schedule -> **codegen** -> runtime).
+
+The Hopper form of `matmul_template.generate`: the same `out = epilogue(A @ B)` for one 2-D product of 16-bit
+operands, with the three things a probe found worth 20-30 points of cuBLAS's speed over the pointer-based
+template (benchmarks/NOTES.md, "What brings the matmul template to cuBLAS?": 94-105% of cuBLAS on 4096^3 and
+the zoo's LM shapes, against at most ~77%):
+
+- operands are read through TMA tensor descriptors (host-side `TensorDescriptor`s made at launch): the copy
+  engine moves each [BLOCK, BLOCK_K] tile into shared memory, zero-filling past the edges, so the K loop has no
+  masks and no address arithmetic;
+- the kernel is persistent: one program per SM walks the output tiles (grouped order, as the pointer template);
+- the tile loop is flattened with the K loop (`tl.range(..., flatten=True)`), so the pipeline keeps loading
+  across a tile's end instead of draining.
+
+A descriptor covers an operand's contiguous orientation: A as [M, K] (row-major) or, transposed, [K, M]; B as
+[K, N] or, as a Linear weight, [N, K]. `A_T` / `B_T` (constexprs) say which, and the loaded tile is transposed in
+registers where needed. The epilogue seam is the pointer template's (`Tile`, `Epilogue`): it runs on each tile
+before its masked store through the output's strides.
+"""
+
+import torch
+
+from brrr.compile.codegen.matmul_template import Epilogue, MatmulSource, Tile, kernel_name
+from brrr.compile.codegen.shim import prelude
+
+DTYPES = (torch.float16, torch.bfloat16)   # wgmma reads 16-bit tiles in either orientation from shared memory
+CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "A_T", "B_T", "NUM_SMS")
+OWN = ("M", "N", "K", "stride_om", "stride_on")
+LOCALS = ("a_desc", "b_desc", "out_ptr", "pid_b", "num_pid_m", "num_pid_n", "k_tiles", "num_tiles",
+          "num_pid_in_group", "tile_id", "group_id", "first_pid_m", "group_size_m", "pid_m", "pid_n", "acc", "k",
+          "a", "b", "rm", "rn", "mask")
+
+
+def generate_tma(dtype, epilogue=None, *, wide=False, interpreted=False):
+    """Triton source of the TMA persistent matmul for `dtype` operands (float16 or bfloat16). `wide`: the output
+    offsets in int64. `interpreted`: for the Triton interpreter, whose `tl.dot` multiplies bf16 bit patterns as
+    integers: bf16 tiles are widened to fp32 exactly before the dot and the result rounded by hand."""
+    if dtype not in DTYPES:
+        raise NotImplementedError(f"TMA matmul template: dtype {dtype} (supported: {DTYPES})")
+    epilogue = epilogue or Epilogue()
+    tile = Tile(dtype, interpreted)
+    taken = set(OWN + CONSTEXPRS + LOCALS) & set(epilogue.params)
+    if taken:
+        raise ValueError(f"epilogue {epilogue.name!r}: parameters {sorted(taken)} are the template's names")
+    params = ("a_desc", "b_desc", "out_ptr") + tuple(epilogue.params) + OWN
+    widen = dtype == torch.bfloat16 and interpreted
+    if widen:
+        dot = "acc = tl.dot(a, b, acc, input_precision=\"ieee\")"
+    else:
+        dot = "acc = tl.dot(a, b, acc)"
+
+    def tile_load(desc, offsets, transposed):
+        x = f"{desc}.load([{offsets}])" + (".T" if transposed else "")
+        return tile.widen(x, dtype) if widen else x
+
+    i64 = ".to(tl.int64)" if wide else ""
+    loop = [
+        "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        "for k in range(k_tiles):",
+        "    if A_T:",
+        f"        a = {tile_load('a_desc', 'k * BLOCK_K, pid_m * BLOCK_M', True)}",
+        "    else:",
+        f"        a = {tile_load('a_desc', 'pid_m * BLOCK_M, k * BLOCK_K', False)}",
+        "    if B_T:",
+        f"        b = {tile_load('b_desc', 'pid_n * BLOCK_N, k * BLOCK_K', True)}",
+        "    else:",
+        f"        b = {tile_load('b_desc', 'k * BLOCK_K, pid_n * BLOCK_N', False)}",
+        f"    {dot}",
+        f"rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)){i64}[:, None]",
+        f"rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)){i64}[None, :]",
+        "mask = (rm < M) & (rn < N)",
+    ] + list(epilogue.code(tile))
+    stored = tile.narrow(epilogue.value(tile), dtype)
+    loop.append(f"tl.store(out_ptr + rm * stride_om + rn * stride_on, {stored}, mask=mask)")
+    body = [
+        "pid_b = 0",
+        "num_pid_m = tl.cdiv(M, BLOCK_M)",
+        "num_pid_n = tl.cdiv(N, BLOCK_N)",
+        "k_tiles = tl.cdiv(K, BLOCK_K)",
+        "num_tiles = num_pid_m * num_pid_n",
+        "num_pid_in_group = GROUP_M * num_pid_n",
+        "# one program per SM walks the tiles; flattened, the K loop's pipeline runs on across a tile's end",
+        "for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):",
+        "    group_id = tile_id // num_pid_in_group",
+        "    first_pid_m = group_id * GROUP_M",
+        "    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)",
+        "    pid_m = first_pid_m + (tile_id % group_size_m)",
+        "    pid_n = (tile_id % num_pid_in_group) // group_size_m",
+    ] + ["    " + line for line in loop]
+    name = kernel_name(epilogue).replace("brrr_mm", "brrr_mm_tma", 1)
+    signature = ", ".join(params + tuple(f"{c}: tl.constexpr" for c in CONSTEXPRS))
+    comment = (f"# matmul template, TMA persistent: {str(dtype).replace('torch.', '')} operands"
+               f"{', int64 offsets' if wide else ''}, epilogue {epilogue.name or 'none'}")
+    source = "\n".join(["import triton", "import triton.language as tl", "", comment, prelude(tile.helpers), "",
+                        "@triton.jit", f"def {name}({signature}):"] + ["    " + line for line in body]) + "\n"
+    return MatmulSource(name, source, params + CONSTEXPRS)
+
