@@ -104,3 +104,19 @@ def test_zero_size_intermediate_read_by_two_iteration_spaces():
         return y * 2, y.sum(-1)
     for out, ref in zip(compiled(f)(x), f(x)):
         assert out.shape == ref.shape
+
+
+def test_index_tensors_broadcast_against_each_other():
+    """x[b, s] with index tensors of different shapes broadcasts them (NumPy's advanced indexing), lowered
+    as one gather rather than run as ATen: the [B, 1, 1, 1] batch index beside a [1, 1, S, 1] position index
+    that Hugging Face's mask functions build, negative indices and a trailing dim kept."""
+    from brrr.compile.explain import explain
+    x = torch.randn(3, 10, 4)
+    b = torch.arange(3).view(3, 1, 1, 1)
+    s = torch.tensor([0, -1, 5, 9, 2]).view(1, 1, 5, 1)
+    t = torch.tensor([1, 3, 0, 7]).view(1, 1, 1, 4)
+    for fn in (lambda x: x[b, s] * 2, lambda x: x[b, t] + 1, lambda x: x[b.view(3, 1), s.view(5)]):
+        torch._dynamo.reset()
+        assert torch.equal(compiled(fn)(x), fn(x))
+        ex = explain(fn, x)
+        assert not [f for f in ex.fallbacks if "index" in str(f)], ex.fallbacks

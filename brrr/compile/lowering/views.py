@@ -267,19 +267,28 @@ def lower_gather(L, fx, x, dim, index, sparse_grad=False):
 
 @register("index")
 def lower_index(L, fx, x, indices):
-    """x[i0, i1, ...] with index tensors on leading dims only (the common case); else fallback."""
+    """x[i0, i1, ...] with integer index tensors on leading dims only (the common case); else fallback. The index
+    tensors broadcast against each other, as in NumPy's advanced indexing: the result's leading dims are their
+    broadcast shape (a [B, 1, 1, 1] batch index beside a [1, 1, S, 1] position index builds a [B, 1, S, 1] mask
+    gather, as Hugging Face's mask functions do)."""
     indices = list(indices)
     if not indices or any(i is None for i in indices) or any(i.dtype == torch.bool for i in indices):
         raise NotLowered("advanced indexing beyond leading integer index tensors")
-    shapes = {tuple(i.shape) for i in indices}
-    if len(shapes) != 1:
-        raise NotLowered("index tensors of different shapes")
-    k = len(next(iter(shapes)))
+    try:
+        shape = tuple(torch.broadcast_shapes(*[tuple(i.shape) for i in indices]))
+    except RuntimeError:
+        raise NotLowered("index tensors that do not broadcast") from None
+    k = len(shape)
     for d, i in enumerate(indices):
         check_index_input(L, i, x.shape[d], "index", negative_ok=True)
 
+    def at(i, idx):
+        """Index tensor `i` at the broadcast index `idx` (its dims right-aligned; a size-1 dim reads 0)."""
+        off = k - len(i.shape)
+        return i([Ix() if i.shape[d] == 1 else idx[off + d] for d in range(len(i.shape))])
+
     def fn(idx):
-        src = [indirect(wrap_negative(cast(i(idx[:k]), torch.int64), x.shape[d])) for d, i in enumerate(indices)]
+        src = [indirect(wrap_negative(cast(at(i, idx[:k]), torch.int64), x.shape[d])) for d, i in enumerate(indices)]
         return x(src + list(idx[k:]))
     return pw(L, fx, fn)
 
