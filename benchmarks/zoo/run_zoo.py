@@ -107,7 +107,7 @@ def run_config(config, backends, device, dtype, quick, rep_ms):
     entry["elapsed_s"] = time.perf_counter() - start
     # what brrr's cuda_graphs="auto" chose for each graph of this configuration, with the timings behind it
     entry["replay_decisions"] = [str(d) for d in replay_choice.DECISIONS[decided:]]
-    # what brrr ran as ATen (kernel or graph scope), and the losses it computed without their logits
+    # what brrr ran as ATen (op, kernel or graph scope), and the losses it computed without their logits
     entry["brrr_fallbacks"] = [f"{f.scope} {f.graph} {f.what}: {f.reason}" for f in fallbacks.LOG[fell:]]
     entry["loss_rewrites"] = [str(r) for r in linear_cross_entropy_pass.REWRITES[rewritten:]]
     work = None

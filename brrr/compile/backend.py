@@ -137,7 +137,9 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
             return make_boxed_func(gm)
         for fx, why, scope in plan.lowering.fallbacks:
             if scope == "op":
-                warn_once(f"aten.{getattr(fx.target, '__name__', fx.target)} runs as ATen: {why}")
+                op = f"aten.{getattr(fx.target, '__name__', fx.target)}"
+                fallbacks.log("op", graph_kind, op, why)
+                warn_once(f"{op} runs as ATen: {why}")
         compiled, _ = build(plan, gm, cuda_graphs=cuda_graphs if "cuda" in _devices(gm) else False,
                             kind=graph_kind, matmul_templates=matmul_templates)
         compiled.replan = replan

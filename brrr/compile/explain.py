@@ -260,7 +260,7 @@ def explain(fn_or_model, *inputs, train=False, dynamic=False):
 
     ex = Explanation()
     logged = len(fallbacks.LOG)
-    ex.seen = list(fallbacks.LOG)
+    ex.seen = [f for f in fallbacks.LOG if f.scope != "op"]   # op scope: each plan lists its own
     ex.replays = list(replay_choice.DECISIONS)
     backend = make_backend(_sink=ex)
     compiled = torch.compile(fn_or_model, backend=backend, dynamic=dynamic)

@@ -12,8 +12,9 @@ the smallest scope that works:
             re-plans run out): the graph runs as Dynamo captured it, before decomposition, which is what eager
             runs (backend.brrr_backend).
 
-Every fallback of kernel or graph scope is logged here, process-wide, with its reason, so `brrr explain` can
-list what happened while models compiled; op-scope fallbacks are part of each plan. BRRR_DEBUG=1 turns
+Every fallback is logged here, process-wide, with its scope and reason: `brrr explain` lists those of kernel and
+graph scope seen while models compiled (op-scope ones are part of each plan it shows), and the zoo records all
+of a configuration's. BRRR_DEBUG=1 turns
 brrr's own failures into exceptions instead (the tests set it). An out-of-memory error is never a fallback:
 it propagates as torch's own OutOfMemoryError.
 """
@@ -35,7 +36,7 @@ class Fallback:
     reason: str
 
 
-LOG = []   # Fallback records of kernel and graph scope, in the order they happened
+LOG = []   # Fallback records of every compile in the process (op scope too), in the order they happened
 
 
 def log(scope, graph, what, reason):
