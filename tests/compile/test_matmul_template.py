@@ -273,6 +273,18 @@ print(json.dumps({"mma": sorted(set(re.findall(r"wgmma\\.mma_async[.a-z0-9]*|mma
 """
 
 
+def _compiled_for_sm90(src, path, types, consts, config):
+    """Compile `src` (written to `path`) for sm_90 in a process of its own; what its PTX holds."""
+    path.write_text(src.source)
+    options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(path), src.name, json.dumps(types),
+                           json.dumps(consts), json.dumps(options)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("dtype,config,unit_strides", [
     (torch.bfloat16, CONFIGS[0], ("stride_ak", "stride_bn")), (torch.float32, CONFIGS[1], ("stride_ak", "stride_bn")),
     (torch.float16, CONFIGS[-1], ("stride_ak", "stride_bn")), (torch.bfloat16, CONFIGS[1], ("stride_am", "stride_bk"))])
@@ -286,19 +298,12 @@ def test_gpu_source_compiles_for_sm90_on_tensor_cores(dtype, config, unit_stride
     assert matmul_configs.fits(config, dtype)
     src = generate(dtype, chain(Bias(scaled=True), Activation("gelu_tanh")), tf32=True)
     path = tmp_path / f"{src.name}.py"
-    path.write_text(src.source)
     ptr = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}[dtype]
     types = dict(a_ptr=ptr, b_ptr=ptr, out_ptr=ptr, bias_ptr=ptr, alpha="fp32", beta="fp32")
     meta = config.meta(4096)
     consts = {name: meta[name] for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EVEN_K")}
     consts.update(dict.fromkeys(unit_strides, 1), stride_on=1, stride_biasn=1, stride_biasm=0, stride_biasb=0)
-    options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(path), src.name, json.dumps(types),
-                           json.dumps(consts), json.dumps(options)], capture_output=True, text=True, env=env,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _compiled_for_sm90(src, path, types, consts, config)
     kind = {torch.bfloat16: "bf16.bf16", torch.float16: "f16.f16", torch.float32: "tf32.tf32"}[dtype]
     assert result["mma"] and all(kind in op for op in result["mma"]), result
     if config.block_m >= 64:   # Hopper's warpgroup MMA (a 16-row tile runs on mma.sync)
@@ -400,7 +405,6 @@ def test_tma_source_compiles_for_sm90_to_bulk_tensor_copies_and_warpgroup_mma(dt
     config = matmul_configs.TMA_CONFIG
     src = generate_tma(dtype, chain(Bias(), Activation("gelu_tanh")))
     path = tmp_path / f"{src.name}.py"
-    path.write_text(src.source)
     short = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     a_block = [config.block_k, config.block_m] if a_t else [config.block_m, config.block_k]
     b_block = [config.block_n, config.block_k] if b_t else [config.block_k, config.block_n]
@@ -408,13 +412,7 @@ def test_tma_source_compiles_for_sm90_to_bulk_tensor_copies_and_warpgroup_mma(dt
                  out_ptr=f"*{short}", bias_ptr=f"*{short}")
     consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
                   A_T=a_t, B_T=b_t, NUM_SMS=132, stride_on=1, stride_biasn=1, stride_biasm=0, stride_biasb=0)
-    options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(path), src.name, json.dumps(types),
-                           json.dumps(consts), json.dumps(options)], capture_output=True, text=True, env=env,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _compiled_for_sm90(src, path, types, consts, config)
     kind = {torch.bfloat16: "bf16.bf16", torch.float16: "f16.f16"}[dtype]
     assert result["mma"] and all(op.startswith("wgmma") and kind in op for op in result["mma"]), result
     assert result["tma"] and not result["copies"], result     # no cp.async: every operand tile comes by TMA
