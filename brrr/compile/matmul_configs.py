@@ -4,8 +4,9 @@
 `candidates(...)` keeps those that fit a problem and a dtype; `default_config(...)` picks one by rule, without
 timing. The rule's tiles are measured ones: on an H200, bf16, 128x128x64 with 8 warps and 3 stages was the
 fastest tile of the template or within a point of it on 4096^3 and on five of the zoo's LM matmuls (70-83% of
-cuBLAS), where 128x256 ran at 60-72% (benchmarks/NOTES.md, "What brings the matmul template to cuBLAS?"). The seam for autotuning: a later step times `candidates(...)` (and cuBLAS) once per problem and caches
-the winner; `default_config` stays as what runs before (or without) that measurement.
+cuBLAS), where 128x256 ran at 60-72% (benchmarks/NOTES.md, "What brings the matmul template to cuBLAS?").
+The seam for autotuning: a later step times `candidates(...)` (and cuBLAS) once per problem and caches the
+winner; `default_config` stays as what runs before (or without) that measurement.
 """
 
 from dataclasses import dataclass
@@ -58,13 +59,14 @@ CONFIGS = (
 # the TMA persistent template's tile (codegen/matmul_template_tma.py): the fastest or within 4 points of it on
 # 4096^3 and five LM shapes; 4 stages of it overflow the H200's shared memory
 TMA_CONFIG = TileConfig(128, 256, 64, 8, 8, 3)
+TMA_MIN_SIDE = 128   # a smaller M or N leaves most of a TMA tile empty: the pointer template's small tiles serve it
 
 
 def tma_config(m, n, k, dtype, batch=1):
     """The TMA template's tile for this problem, or None where it should not run: a batched product, an
     operand type wgmma cannot read transposed (fp32), or an output smaller than one tile each way (the pointer
     template's small tiles serve those)."""
-    if batch != 1 or dtype.itemsize != 2 or m < TMA_CONFIG.block_m or n < TMA_CONFIG.block_m:
+    if batch != 1 or dtype.itemsize != 2 or min(m, n) < TMA_MIN_SIDE:
         return None
     return TMA_CONFIG if fits(TMA_CONFIG, dtype) else None
 

@@ -63,14 +63,14 @@ def kernel(dtype, epilogue, tf32, wide, device, tma=False):
     return _KERNELS[key]
 
 
-def _descriptor_view(x, unit_last, unit_first):
+def _descriptor_view(x):
     """`x` (2-D) as TMA reads it: (view whose last stride is 1, transposed?), or None. TMA wants a 16-byte
     aligned base and the other stride a multiple of 16 bytes."""
     if x.data_ptr() % 16:
         return None
-    if x.stride(1) == 1 and unit_last:
+    if x.stride(1) == 1:
         view, transposed = x, False
-    elif x.stride(0) == 1 and unit_first:
+    elif x.stride(0) == 1:
         view, transposed = x.t(), True
     else:
         return None
@@ -95,8 +95,7 @@ def _tma_plan(a, b, config, tma):
     tile = config or tma_config(m, n, k, a.dtype, batch)
     if tile is None or batch != 1 or a.dtype.itemsize != 2 or k == 0:
         return None
-    a_view = _descriptor_view(a[0], True, True)
-    b_view = _descriptor_view(b[0], True, True)
+    a_view, b_view = _descriptor_view(a[0]), _descriptor_view(b[0])
     if a_view is None or b_view is None:
         return None
     return a_view, b_view, tile
@@ -116,9 +115,11 @@ def _launch_tma(a, b, out, epilogue, extra, plan, m, n, k):
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     else:
         sms = INTERPRETED_SMS
+    # programs step through the tiles by NUM_SMS, the device's count (one compile per device): with fewer tiles
+    # than SMs, program i runs tile i alone
     grid = (max(1, min(sms, tile.tiles(m, n))),)
     meta = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m, A_T=a_t,
-                B_T=b_t, NUM_SMS=grid[0], num_warps=tile.num_warps, num_stages=tile.num_stages)
+                B_T=b_t, NUM_SMS=sms, num_warps=tile.num_warps, num_stages=tile.num_stages)
     args = (a_desc, b_desc, out, *extra, m, n, k, out.stride(1), out.stride(2))
     if a.device.type == "cuda":
         with torch.cuda.device(a.device):
