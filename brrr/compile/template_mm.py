@@ -79,6 +79,11 @@ def _descriptor_view(x):
     return view, transposed
 
 
+def _hopper(device):
+    """Whether `device` has TMA (compute capability 9 or more)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _tma_plan(a, b, config, tma):
     """(descriptors' views and orientations, tile) when the TMA template runs this product, else None.
     `tma`: None decides by the device (Hopper or later), True wherever the operands allow, False never."""
@@ -88,11 +93,14 @@ def _tma_plan(a, b, config, tma):
         from triton.tools.tensor_descriptor import TensorDescriptor   # noqa: F401  (Triton >= 3.4)
     except ImportError:
         return None
-    if tma is None and not (a.device.type == "cuda" and torch.cuda.get_device_capability(a.device)[0] >= 9):
+    if tma is None and not _hopper(a.device):
         return None
     batch, m, k = a.shape
     n = b.shape[2]
-    tile = config or tma_config(m, n, k, a.dtype, batch)
+    rule = tma_config(m, n, k, a.dtype, batch)
+    if tma is None and rule is None:   # decided by the device: only problems the TMA tile suits
+        return None
+    tile = config or rule
     if tile is None or batch != 1 or a.dtype.itemsize != 2 or k == 0:
         return None
     a_view, b_view = _descriptor_view(a[0]), _descriptor_view(b[0])

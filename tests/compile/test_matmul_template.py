@@ -383,13 +383,18 @@ def test_operands_tma_cannot_read_take_the_pointer_template(case):
         assert_fp32_close(out, ref)
 
 
-def test_tma_template_runs_on_hopper_only_unless_forced():
+def test_tma_template_runs_on_hopper_only_unless_forced(monkeypatch):
     a, b = torch.randn(256, 64, dtype=torch.float16), torch.randn(64, 256, dtype=torch.float16)
     assert template_mm._tma_plan(a.unsqueeze(0), b.unsqueeze(0), None, None) is None    # a CPU tensor: no
     assert template_mm._tma_plan(a.unsqueeze(0), b.unsqueeze(0), None, False) is None
     plan = template_mm._tma_plan(a.unsqueeze(0), b.unsqueeze(0), None, True)
     assert plan is not None and plan[2] == matmul_configs.TMA_CONFIG
-    # smaller than one TMA tile each way: the pointer template's small tiles serve it
+    monkeypatch.setattr(template_mm, "_hopper", lambda device: True)   # as on an H100
+    assert template_mm._tma_plan(a.unsqueeze(0), b.unsqueeze(0), None, None)[2] == matmul_configs.TMA_CONFIG
+    # smaller than one TMA tile each way: the pointer template's small tiles serve it, even given a tile
+    small = torch.randn(64, 64, dtype=torch.float16)
+    assert template_mm._tma_plan(small.unsqueeze(0), b.unsqueeze(0), SMALL_TILE, None) is None
+    assert template_mm._tma_plan(small.unsqueeze(0), b.unsqueeze(0), SMALL_TILE, True) is not None
     assert matmul_configs.tma_config(64, 4096, 4096, torch.bfloat16) is None
     assert matmul_configs.tma_config(4096, 4096, 4096, torch.float32) is None
     assert matmul_configs.tma_config(4096, 4096, 4096, torch.bfloat16, batch=2) is None
