@@ -28,13 +28,8 @@ def test_quick_zoo_writes_results_for_static_and_changing_shapes(tmp_path, monke
         rows = {r["backend"]: r for r in entry["result"]["rows"]}
         assert set(rows) == {"eager", "aot_eager", "brrr"}
         assert all(r["status"] == "ok" for r in rows.values()), rows
-        assert entry["loss_rewrites"] == []   # tiny logits: below the rewrite's floor
-        # op-scope fallbacks are recorded too: only the static KV cache's write (an index_put on the sequence
-        # dim) runs as ATen, once per cache tensor; nothing falls back at kernel or graph scope
-        assert all(f.startswith("op ") for f in entry["brrr_fallbacks"]), entry["brrr_fallbacks"]
-    assert {f.split(":")[0] for f in configs["llama-decode"]["brrr_fallbacks"]} == {
-        "op inference aten.index_put.default"}
-    assert configs["seed-mlp-train"]["brrr_fallbacks"] == configs["bert-lengths-infer"]["brrr_fallbacks"] == []
+        # nothing runs as ATen, at op scope (recorded too: LLaMA decode's KV-cache write was one) or wider
+        assert entry["brrr_fallbacks"] == [] and entry["loss_rewrites"] == []   # tiny logits: below the rewrite's floor
     decode = {r["backend"]: r for r in configs["llama-decode"]["result"]["rows"]}
     assert decode["eager"]["error_vs_reference"]["norm_rel"] > 0    # bf16 against its own fp32 copy
     shapes = {r["backend"]: r for r in configs["bert-lengths-infer"]["result"]["rows"]}

@@ -168,6 +168,22 @@ def test_explain_lists_fallbacks_with_their_scope(monkeypatch):
     assert "dynamic shapes" in ex.fallbacks[0].reason and "graph: whole graph" in str(ex)
 
 
+def test_a_compile_logs_its_op_fallbacks_process_wide_and_explain_does_not():
+    """What the zoo records per configuration: every op a compile ran as ATen, with its graph and reason."""
+    x = torch.arange(-6, 6, dtype=torch.int64)
+    before = len(fallbacks.LOG)
+    brrr.explain(lambda x: x ** 7 + 1, x)
+    assert len(fallbacks.LOG) == before                   # planning for explain is not a compile
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: x ** 7 + 1, backend=brrr_backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.equal(fn(x), x ** 7 + 1)
+    logged = fallbacks.LOG[before:]
+    assert [(f.scope, f.graph, f.what) for f in logged] == [("op", "inference", "aten.pow.Tensor_Scalar")]
+    assert logged[0].reason
+
+
 def test_out_of_memory_in_a_kernel_is_torchs_error_not_a_fallback(monkeypatch):
     monkeypatch.delenv("BRRR_DEBUG", raising=False)
     from brrr.compile import launch

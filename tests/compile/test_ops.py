@@ -120,3 +120,33 @@ def test_index_tensors_broadcast_against_each_other():
         assert torch.equal(compiled(fn)(x), fn(x))
         ex = explain(fn, x)
         assert not [f for f in ex.fallbacks if "index" in str(f)], ex.fallbacks
+
+
+def test_index_put_of_a_few_positions_runs_in_brrrs_kernels():
+    """A static KV cache's write (`index_copy_` along the sequence dim, index_put without accumulate in the
+    graph): one pointwise kernel, negative and repeated positions as eager's sequential write, broadcast
+    values; more positions than MAX_PUT_POSITIONS still run as ATen."""
+    from brrr.compile.explain import explain
+    from brrr.compile.lowering.views import MAX_PUT_POSITIONS
+    cache = torch.randn(2, 3, 10, 4)
+    new = torch.randn(2, 3, 2, 4)
+
+    def write(cache, pos, new):
+        return cache.index_copy(2, pos, new) * 1
+
+    def put(cache, pos, v):
+        return torch.ops.aten.index_put(cache, [None, None, pos], v)
+
+    cases = [(write, torch.tensor([7, 8]), new), (put, torch.tensor([-1, 3]), new),
+             (put, torch.tensor([4, 4]), torch.randn(2, 3, 2, 4)), (put, torch.tensor([0]), torch.randn(4)),
+             (put, torch.tensor([1, 2, 5]), torch.tensor(2.5))]
+    for fn, pos, v in cases:
+        torch._dynamo.reset()
+        assert torch.equal(compiled(fn)(cache, pos, v), fn(cache, pos, v)), (fn.__name__, pos)
+        ex = explain(fn, cache, pos, v)
+        assert not [f for f in ex.fallbacks if "index_put" in str(f)], ex.fallbacks
+    many = torch.arange(MAX_PUT_POSITIONS + 1) % 10
+    ex = explain(put, cache, many, torch.tensor(1.0))
+    assert [f for f in ex.fallbacks if "index_put" in str(f)]
+    torch._dynamo.reset()
+    assert torch.equal(compiled(put)(cache, many, torch.tensor(1.0)), put(cache, many, torch.tensor(1.0)))

@@ -419,12 +419,54 @@ def lower_scatter(L, fx, x, dim, index, src, reduce=None):
     return pw(L, fx, fn)
 
 
+MAX_PUT_POSITIONS = 16   # index_put positions a written element is compared with, one `where` each
+
+
+def _index_put_few(L, fx, x, indices, values):
+    """out = x; out[..., i[p], ...] = values[..., p, ...] for one integer index tensor of at most
+    MAX_PUT_POSITIONS elements on one dim (a static KV cache's write of the new tokens: `index_copy_` along the
+    sequence dim). One pointwise kernel over x: each element compares its index along that dim with every
+    position; where positions repeat, the last wins, as a sequential write would."""
+    dims = [d for d, i in enumerate(indices) if i is not None]
+    if len(dims) != 1 or indices[dims[0]].dtype == torch.bool:
+        raise NotLowered("index_put other than accumulate=True with one integer index tensor")
+    d = dims[0]
+    index = indices[d]
+    if len(index.shape) != 1 or index.numel > MAX_PUT_POSITIONS:
+        raise NotLowered(f"index_put of more than {MAX_PUT_POSITIONS} positions without accumulate")
+    check_index_input(L, index, x.shape[d], "index_put", negative_ok=True)
+    positions = index.numel
+    full = tuple(x.shape[:d]) + (positions,) + tuple(x.shape[d + 1:])   # what values broadcast to
+    out = meta(fx).dtype
+
+    def value_at(idx, p):
+        at = list(idx)
+        at[d] = Ix.of(p)
+        if not isinstance(values, ir.Node):
+            return Const(values, out)
+        off = len(full) - len(values.shape)
+        return values([Ix() if values.shape[j] == 1 else at[off + j] for j in range(len(values.shape))])
+
+    def fn(idx):
+        result = cast(x(idx), out)
+        for p in range(positions):
+            where = wrap_negative(cast(index([Ix.of(p)]), torch.int64), x.shape[d])
+            hit = Op("eq", [where, IndexValue(idx[d])], torch.bool)
+            new = masked(hit, lambda p=p: cast(value_at(idx, p), out))
+            result = Op("where", [hit, new, result], out)
+        return result
+    return pw(L, fx, fn)
+
+
 @register("index_put")
 def lower_index_put(L, fx, x, indices, values, accumulate=False):
-    """out = x; out[idx] += values (embedding backward): an init kernel, then an atomic-add kernel over values."""
+    """out = x; out[idx] += values (embedding backward): an init kernel, then an atomic-add kernel over values.
+    Without accumulate, a few positions on one dim (`_index_put_few`)."""
     indices = list(indices)
     m = meta(fx)
-    if not accumulate or len(indices) != 1 or indices[0] is None or indices[0].dtype == torch.bool:
+    if not accumulate:
+        return _index_put_few(L, fx, x, indices, values)
+    if len(indices) != 1 or indices[0] is None or indices[0].dtype == torch.bool:
         raise NotLowered("index_put other than accumulate=True with one integer index tensor")
     if m.dtype != torch.float32:
         raise NotLowered(f"index_put accumulate in {m.dtype} (atomics are generated for float32 only)")
