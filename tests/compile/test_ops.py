@@ -24,7 +24,7 @@ OPS = [
     "view", "reshape", "permute", "transpose", "expand", "narrow", "squeeze", "unsqueeze", "select", "t",
     "nn.functional.embedding", "gather", "index_select", "cat", "nn.functional.pad", "split", "unbind",
     "zeros_like", "ones_like", "full_like", "clone", "contiguous", "flip", "roll", "scatter", "tril",
-    "nn.functional.cross_entropy", "nn.functional.one_hot",
+    "nn.functional.cross_entropy", "nn.functional.one_hot", "cumsum",
 ]
 SAMPLES = {torch.float32: 3, torch.float16: 2, torch.bfloat16: 2}
 TOL = {torch.float32: dict(rtol=1.3e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3),
@@ -150,3 +150,26 @@ def test_index_put_of_a_few_positions_runs_in_brrrs_kernels():
     assert [f for f in ex.fallbacks if "index_put" in str(f)]
     torch._dynamo.reset()
     assert torch.equal(compiled(put)(cache, many, torch.tensor(1.0)), put(cache, many, torch.tensor(1.0)))
+
+
+def test_cumsum_is_one_fused_kernel_over_short_dims_and_aten_over_long_ones():
+    """Language models' position ids (`mask.cumsum(-1) - 1`): the triangle reduction fuses with its producer and
+    consumer into one kernel, exact for integers; a dim longer than MAX_SCAN, or more than MAX_SCAN_WORK reads
+    in all, keeps ATen's linear scan."""
+    from brrr.compile.explain import explain
+    from brrr.compile.lowering.reductions import MAX_SCAN, MAX_SCAN_WORK
+    mask = torch.rand(3, 70) > 0.3
+
+    def position_ids(mask):
+        return (mask.long().cumsum(-1) - 1).masked_fill(~mask, 1)
+    assert torch.equal(compiled(position_ids)(mask), position_ids(mask))
+    ex = explain(position_ids, mask)
+    assert not ex.fallbacks and len(ex.kernels) == 1, (ex.fallbacks, len(ex.kernels))
+    x = torch.randn(2, 5, 9).transpose(1, 2)        # non-contiguous, along a middle dim
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled(lambda x: x.cumsum(1))(x), x.cumsum(1), rtol=1e-5, atol=1e-5)
+    for long in (torch.randint(0, 3, (2, MAX_SCAN + 1)), torch.randint(0, 3, (MAX_SCAN_WORK // 512 + 1, 512))):
+        ex = explain(lambda x: x.cumsum(1), long)
+        assert [f.op for f in ex.fallbacks] == ["aten.cumsum.default"]
+    torch._dynamo.reset()
+    assert torch.equal(compiled(lambda x: x.cumsum(1))(long), long.cumsum(1))

@@ -56,7 +56,7 @@ def test_non_contiguous_output_strides():
 
 
 def test_unlowered_op_falls_back_with_right_result():
-    f = lambda x: torch.cumsum(x.cos(), 0) * 2  # noqa: E731
+    f = lambda x: torch.cumprod(x.cos(), 0) * 2  # noqa: E731
     x = torch.randn(50)
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")

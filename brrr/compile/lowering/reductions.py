@@ -4,7 +4,7 @@ tables). Composite reductions (var, mean) are Reduction nodes plus a small Point
 import torch
 
 from brrr.compile import ir
-from brrr.compile.ir import Const, Op
+from brrr.compile.ir import Const, IndexValue, Op
 from brrr.compile.indexing import Ix
 from brrr.compile.lower import (NotLowered, cast, elementwise, kept_index, make_reduction, meta, norm_dims,
                                 op_name, pw, reads_in_one_tile, register, register_prim)
@@ -262,3 +262,38 @@ def prim_var(L, fx, x, dims, correction=1, output_dtype=None):
     return lower_var(L, fx, x, dims, correction=correction)
 
 
+
+
+MAX_SCAN = 1024   # cumsum's quadratic form: each output sums its whole row, so short dims only
+MAX_SCAN_WORK = 2 ** 24   # and few of them: elements read in all (outputs x n), ~10 us of cached loads on a GPU
+
+
+@register("cumsum")
+def lower_cumsum(L, fx, x, dim, *, dtype=None):
+    """out[..., i, ...] = x[..., 0, ...] + ... + x[..., i, ...] along `dim`, as a reduction of a triangle: each
+    output element sums the n elements of its row, those after it masked to 0. Quadratic in n, so only for
+    dims of at most MAX_SCAN and tensors of at most MAX_SCAN_WORK reads (the position ids and mask offsets that
+    language models build over a sequence); a row's sum in the reduction's order, not left to right, which is
+    exact for integers."""
+    m = meta(fx)
+    if not x.shape:
+        return pw(L, fx, lambda idx: cast(x(idx), m.dtype))
+    d = dim % len(x.shape)
+    n = x.shape[d]
+    if n > MAX_SCAN or x.numel * n > MAX_SCAN_WORK:
+        raise NotLowered(f"cumsum of {x.numel} elements over {n} (the triangle form serves at most {MAX_SCAN} "
+                         f"along the dim and {MAX_SCAN_WORK} reads in all; ATen's scan is linear)")
+    acc = torch.float32 if m.dtype in (torch.float16, torch.bfloat16) else m.dtype
+    last = len(x.shape)
+
+    def triangle(idx):
+        j = idx[last]
+        src = list(idx[:last])
+        src[d] = j
+        before = Op("le", [IndexValue(j), IndexValue(idx[d])], torch.bool)
+        return Op("where", [before, cast(x(src), acc), Const(0, acc)], acc)
+    shape = tuple(x.shape) + (n,)
+    tri = ir.pointwise(L.fresh("pw"), shape, acc, triangle, ops=("cumsum",))
+    tri.meta["fake"] = torch.empty(shape, dtype=acc, device="meta")
+    tri.meta["device"] = x.meta.get("device", m.device)
+    return make_reduction(L, fx, tri, (last,), "sum", tuple(m.shape), m.dtype, acc_dtype=acc)
