@@ -1,8 +1,13 @@
 """Shared helpers for the compiler tests: compile with brrr, compare with eager."""
 
+import importlib.util
+from pathlib import Path
+
 import torch
 
 from brrr.compile.backend import brrr_backend
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Recording:
@@ -37,3 +42,12 @@ def first(out):
 def to64(model):
     import copy
     return copy.deepcopy(model).double()
+
+
+def load_acceptance(name):
+    """benchmarks/acceptance/<name>.py as a module (the scripts are not a package)."""
+    path = ROOT / "benchmarks" / "acceptance" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"acceptance_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,17 +1,12 @@
 """Smoke run of benchmarks/acceptance/layout_kernels.py (--quick: tiny sizes, eager and brrr on CPU)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.compile.helpers import load_acceptance
 
 
 def test_layout_acceptance_runs_every_case_and_reports_roof_fractions(tmp_path, capsys):
-    path = ROOT / "benchmarks" / "acceptance" / "layout_kernels.py"
-    spec = importlib.util.spec_from_file_location("layout_kernels", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_acceptance("layout_kernels")
     out = tmp_path / "rows.json"
     assert probe.main(["--quick", "--bandwidth", "1e10", "--json", str(out)]) == 0
     data = json.loads(out.read_text())

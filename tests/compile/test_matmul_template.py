@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from brrr.compile import matmul_configs, template_mm
 from brrr.compile.codegen.matmul_template import Activation, Bias, Chain, Scale, chain, generate
-from brrr.compile.matmul_configs import (CONFIGS, DEFAULT_MAX_AREA, SHARED_MEMORY, WAVE_FILL, TileConfig, candidates, default_config,
-                                        wave_area, wave_fill)
+from brrr.compile.matmul_configs import (CONFIGS, DEFAULT_MAX_AREA, SHARED_MEMORY, WAVE_FILL, TileConfig, candidates,
+                                        default_config, wave_area, wave_fill)
 from brrr.compile.template_mm import template_addmm, template_baddbmm, template_bmm
 from brrr.compile.template_mm import template_mm as mm
 from tests.compile.helpers import rel_err
@@ -269,7 +269,8 @@ k = triton.compile(ASTSource(fn, sig, constexprs={(fn.arg_names.index(p),): v fo
 ptx = k.asm["ptx"]
 print(json.dumps({"mma": sorted(set(re.findall(r"wgmma\\.mma_async[.a-z0-9]*|mma\\.sync[.a-z0-9]*", ptx))),
                   "copies": sorted(set(re.findall(r"cp\\.async\\.c[ag]\\.[.a-z0-9]*", ptx))),
-                  "tma": sorted(set(re.findall(r"cp\\.async\\.bulk\\.tensor[.a-z0-9:]*", ptx))), "shared": k.metadata.shared}))
+                  "tma": sorted(set(re.findall(r"cp\\.async\\.bulk\\.tensor[.a-z0-9:]*", ptx))),
+                  "shared": k.metadata.shared}))
 """
 
 

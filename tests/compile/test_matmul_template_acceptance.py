@@ -1,17 +1,12 @@
 """Smoke run of benchmarks/acceptance/matmul_template.py (--quick: one tiny shape in the Triton interpreter)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.compile.helpers import load_acceptance
 
 
 def test_matmul_acceptance_times_both_templates_against_cublas(tmp_path, capsys):
-    path = ROOT / "benchmarks" / "acceptance" / "matmul_template.py"
-    spec = importlib.util.spec_from_file_location("matmul_template_acceptance", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_acceptance("matmul_template")
     out = tmp_path / "rows.json"
     assert script.main(["--quick", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
