@@ -16,6 +16,7 @@ Semantics follow ATen's: `beta * bias + alpha * (a @ b)`, with the bias ignored 
 an activation, if any, applies last. `out` must not overlap the operands.
 """
 
+import contextlib
 import os
 
 import torch
@@ -46,13 +47,9 @@ def _wide(tensors):
     return False
 
 
-def _interpreted():
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def kernel(dtype, epilogue, tf32, wide, device, tma=False):
     """The template's JITFunction for these choices, generated and loaded once per process."""
-    interpreted = _interpreted()
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     key = (dtype, epilogue, tf32, wide, tma, interpreted, _device_name(device))
     if key not in _KERNELS:
         if tma:
@@ -79,6 +76,22 @@ def _descriptor_view(x):
     return view, transposed
 
 
+def _tensor_descriptor():
+    """Triton's host-side TMA descriptor class (Triton 3.4 and later), or None."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return None
+    return TensorDescriptor
+
+
+def _on_device(fn, grid, args, meta, device):
+    """fn[grid](*args, **meta) with `device` current (a CUDA launch goes to the operands' GPU)."""
+    context = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with context:
+        fn[grid](*args, **meta)
+
+
 def _hopper(device):
     """Whether `device` has TMA (compute capability 9 or more)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
@@ -87,11 +100,7 @@ def _hopper(device):
 def _tma_plan(a, b, config, tma):
     """(descriptors' views and orientations, tile) when the TMA template runs this product, else None.
     `tma`: None decides by the device (Hopper or later), True wherever the operands allow, False never."""
-    if tma is False:
-        return None
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor   # noqa: F401  (Triton >= 3.4)
-    except ImportError:
+    if tma is False or _tensor_descriptor() is None:
         return None
     if tma is None and not _hopper(a.device):
         return None
@@ -110,8 +119,7 @@ def _tma_plan(a, b, config, tma):
 
 
 def _launch_tma(a, b, out, epilogue, extra, plan, m, n, k):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
+    TensorDescriptor = _tensor_descriptor()
     (a2, a_t), (b2, b_t), tile = plan
     a_block = [tile.block_k, tile.block_m] if a_t else [tile.block_m, tile.block_k]
     b_block = [tile.block_n, tile.block_k] if b_t else [tile.block_k, tile.block_n]
@@ -129,11 +137,7 @@ def _launch_tma(a, b, out, epilogue, extra, plan, m, n, k):
     meta = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m, A_T=a_t,
                 B_T=b_t, NUM_SMS=sms, num_warps=tile.num_warps, num_stages=tile.num_stages)
     args = (a_desc, b_desc, out, *extra, m, n, k, out.stride(1), out.stride(2))
-    if a.device.type == "cuda":
-        with torch.cuda.device(a.device):
-            fn[grid](*args, **meta)
-    else:
-        fn[grid](*args, **meta)
+    _on_device(fn, grid, args, meta, a.device)
     return out
 
 
@@ -166,11 +170,7 @@ def launch(a, b, out, epilogue=None, epilogue_args=None, config=None, tma=None):
     config = config or default_config(m, n, k, a.dtype, batch)
     grid = (config.tiles(m, n), batch)
     args = (a, b, out, *extra, m, n, k, *a.stride(), *b.stride(), *out.stride())
-    if a.device.type == "cuda":
-        with torch.cuda.device(a.device):
-            fn[grid](*args, **config.meta(k))
-    else:
-        fn[grid](*args, **config.meta(k))
+    _on_device(fn, grid, args, config.meta(k), a.device)
     return out
 
 

@@ -211,6 +211,19 @@ def kernel_name(epilogue=None):
     return f"brrr_mm{suffix}"
 
 
+def grouped_tile(tile):
+    """Triton lines setting pid_m, pid_n of output tile number `tile` (a name) in grouped order: GROUP_M tile
+    rows are walked column by column, so programs in flight share operands in L2. Reads num_pid_m and
+    num_pid_in_group (GROUP_M * num_pid_n)."""
+    return [
+        f"group_id = {tile} // num_pid_in_group",
+        "first_pid_m = group_id * GROUP_M",
+        "group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)",
+        f"pid_m = first_pid_m + ({tile} % num_pid_in_group) % group_size_m",
+        f"pid_n = ({tile} % num_pid_in_group) // group_size_m",
+    ]
+
+
 OWN = ("M", "N", "K", "stride_ab", "stride_am", "stride_ak", "stride_bb", "stride_bk", "stride_bn",
        "stride_ob", "stride_om", "stride_on")   # the sizes and strides the template reads
 
@@ -268,13 +281,7 @@ def generate(dtype, epilogue=None, *, tf32=False, wide=False, interpreted=False,
         f"pid_b = tl.program_id(1){i64}",
         "num_pid_m = tl.cdiv(M, BLOCK_M)",
         "num_pid_n = tl.cdiv(N, BLOCK_N)",
-        "# grouped order: GROUP_M tile rows are walked column by column, so programs in flight share operands in L2",
-        "num_pid_in_group = GROUP_M * num_pid_n",
-        "group_id = pid // num_pid_in_group",
-        "first_pid_m = group_id * GROUP_M",
-        "group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)",
-        "pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m",
-        "pid_n = (pid % num_pid_in_group) // group_size_m",
+        "num_pid_in_group = GROUP_M * num_pid_n"] + grouped_tile("pid") + [
         f"rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)){i64}",
         f"rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)){i64}",
         f"rk = tl.arange(0, BLOCK_K){i64}",

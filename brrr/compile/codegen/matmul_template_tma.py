@@ -20,7 +20,7 @@ before its masked store through the output's strides.
 
 import torch
 
-from brrr.compile.codegen.matmul_template import Epilogue, MatmulSource, Tile, kernel_name
+from brrr.compile.codegen.matmul_template import Epilogue, MatmulSource, Tile, grouped_tile, kernel_name
 from brrr.compile.codegen.shim import prelude
 
 DTYPES = (torch.float16, torch.bfloat16)   # wgmma reads 16-bit tiles in either orientation from shared memory
@@ -81,12 +81,7 @@ def generate_tma(dtype, epilogue=None, *, wide=False, interpreted=False):
         "num_pid_in_group = GROUP_M * num_pid_n",
         "# one program per SM walks the tiles; flattened, the K loop's pipeline runs on across a tile's end",
         "for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):",
-        "    group_id = tile_id // num_pid_in_group",
-        "    first_pid_m = group_id * GROUP_M",
-        "    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)",
-        "    pid_m = first_pid_m + (tile_id % group_size_m)",
-        "    pid_n = (tile_id % num_pid_in_group) // group_size_m",
-    ] + ["    " + line for line in loop]
+    ] + ["    " + line for line in grouped_tile("tile_id") + loop]
     name = kernel_name(epilogue).replace("brrr_mm", "brrr_mm_tma", 1)
     signature = ", ".join(params + tuple(f"{c}: tl.constexpr" for c in CONSTEXPRS))
     comment = (f"# matmul template, TMA persistent: {str(dtype).replace('torch.', '')} operands"

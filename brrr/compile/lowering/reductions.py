@@ -6,7 +6,7 @@ import torch
 from brrr.compile import ir
 from brrr.compile.ir import Const, IndexValue, Op
 from brrr.compile.indexing import Ix
-from brrr.compile.lower import (NotLowered, cast, elementwise, kept_index, make_reduction, meta, norm_dims,
+from brrr.compile.lower import (NotLowered, cast, device_of, elementwise, kept_index, make_reduction, meta, norm_dims,
                                 op_name, pw, reads_in_one_tile, register, register_prim)
 
 
@@ -295,5 +295,5 @@ def lower_cumsum(L, fx, x, dim, *, dtype=None):
     shape = tuple(x.shape) + (n,)
     tri = ir.pointwise(L.fresh("pw"), shape, acc, triangle, ops=("cumsum",))
     tri.meta["fake"] = torch.empty(shape, dtype=acc, device="meta")
-    tri.meta["device"] = x.meta.get("device", m.device)
+    tri.meta["device"] = device_of(x)
     return make_reduction(L, fx, tri, (last,), "sum", tuple(m.shape), m.dtype, acc_dtype=acc)
