@@ -59,6 +59,11 @@ CONFIGS = (
 # the TMA persistent template's tile (codegen/matmul_template_tma.py): the fastest or within 4 points of it on
 # 4096^3 and five LM shapes; 4 stages of it overflow the H200's shared memory
 TMA_CONFIG = TileConfig(128, 256, 64, 8, 8, 3)
+# the TMA template's candidates for timing: the rule's tile, 128x128 (within 2% of the best on the LM shapes in
+# the probe), and 128x64, whose twice as many tiles fill more SMs where N is small (BERT's FFN down: 96 tiles of
+# 128x256 for 132 SMs)
+TMA_CONFIGS = (TMA_CONFIG, TileConfig(128, 128, 64, 8, 4, 4), TileConfig(128, 128, 64, 8, 8, 3),
+               TileConfig(128, 64, 64, 8, 4, 4))
 TMA_MIN_SIDE = 128   # a smaller M or N leaves most of a TMA tile empty: the pointer template's small tiles serve it
 
 
