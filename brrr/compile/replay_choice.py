@@ -23,6 +23,13 @@ A training forward leads its backward: the backward can replay only while its fo
 saved tensors, so it takes its turns in step with the forward, times nothing, and takes the forward's verdict;
 the forward's periods span whole steps, its backward included, whichever way that ran. A graph with no leader
 (inference, a backward whose forward decided before it first ran) times its own periods.
+
+In a process group of more than one rank (DDP, FSDP2) there is no trial: every graph launches its kernels.
+There a period also holds the waits on the other ranks' collectives, and each rank would decide alone: on two
+H200s under FSDP2 one rank replayed GPT-2's block graphs and the other launched them, and the faster rank spent
+60 ms a step in NCCL kernels waiting (benchmarks/NOTES.md, 2026-11-26). A verdict every rank reaches without
+asking the others is the only safe one (a collective to agree would hang a rank that runs a graph alone, such
+as an evaluation on rank 0), and launching holds no graph memory. `cuda_graphs=True` still replays.
 Every verdict is logged (`DECISIONS`), and `brrr explain` lists them.
 """
 
@@ -53,6 +60,21 @@ class Decision:
         verb = "replays a CUDA graph" if self.replay else "launches its kernels"
         return (f"{self.graph} graph: {verb} ({self.reason}: a call's period {self.launch_s * 1e6:.0f} us "
                 f"launching, {self.replay_s * 1e6:.0f} us replaying)")
+
+
+def ranks():
+    """The size of the default process group, or 1 outside one."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def launch_among_ranks(kind, world):
+    """The verdict of a graph in a process group of `world` ranks, logged: it launches."""
+    return log(Decision(kind, False, None, None,
+                        f"in a process group of {world} ranks: no timed trial, whose verdict could differ between "
+                        f"ranks that then wait on each other"))
 
 
 def log(decision):

@@ -23,7 +23,7 @@ from collections import Counter
 
 import torch
 
-from brrr.compile import fallbacks, ir, kernel_registry
+from brrr.compile import fallbacks, ir, kernel_registry, replay_choice
 from brrr.compile.fallbacks import KernelFailed, MAX_REPLANS, debugging, is_out_of_memory, recover, warn_once
 from brrr.compile.graphs import GraphedCall
 from brrr.compile.inplace import reused_memory
@@ -250,6 +250,10 @@ class CompiledGraph:
         out = self._first_call(args)
         self.verified = True
         if self.cuda_graphs and self.call is not self._aten_call:
+            world = replay_choice.ranks() if self.cuda_graphs == "auto" else 1
+            if world > 1:
+                replay_choice.launch_among_ranks(self.kind, world)
+                return out
             self.graphed = GraphedCall(self.call, args, self.lend, self.pin)
             if self.cuda_graphs == "auto":
                 leader = self.lender.trial if self.lender is not None else None
