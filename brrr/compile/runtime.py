@@ -250,14 +250,10 @@ class CompiledGraph:
         out = self._first_call(args)
         self.verified = True
         if self.cuda_graphs and self.call is not self._aten_call:
-            world = replay_choice.ranks() if self.cuda_graphs == "auto" else 1
-            if world > 1:
-                replay_choice.launch_among_ranks(self.kind, world)
-                return out
             self.graphed = GraphedCall(self.call, args, self.lend, self.pin)
             if self.cuda_graphs == "auto":
                 leader = self.lender.trial if self.lender is not None else None
-                self.trial = ReplayTrial(self.kind, leader=leader)
+                self.trial = ReplayTrial(self.kind, leader=leader, world=replay_choice.ranks())
         return out
 
     def _run_trial(self, args):
