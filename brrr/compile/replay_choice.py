@@ -23,14 +23,7 @@ A training forward leads its backward: the backward can replay only while its fo
 saved tensors, so it takes its turns in step with the forward, times nothing, and takes the forward's verdict;
 the forward's periods span whole steps, its backward included, whichever way that ran. A graph with no leader
 (inference, a backward whose forward decided before it first ran) times its own periods.
-
-In a process group of more than one rank (DDP, FSDP2) there is no timed trial: a graph replays wherever its CUDA
-graph captures and replays its inputs, and launches otherwise. There a period also holds the waits on the other
-ranks' collectives, and each rank would decide alone: on two H200s under FSDP2 one rank replayed GPT-2's block
-graphs and the other launched them, and the faster rank spent 60 ms a step in NCCL kernels waiting
-(benchmarks/NOTES.md, 2026-11-26). Asking the other ranks would hang a rank that runs a graph alone (an
-evaluation on rank 0); whether a graph captures is the same on every rank running the same program. Launching
-everywhere instead cost LLaMA's DDP step 14% (its graphs replay alone, and scaling is measured against that).
+Every verdict is logged (`DECISIONS`), and `brrr explain` lists them.
 """
 
 import time
@@ -62,14 +55,6 @@ class Decision:
                 f"launching, {self.replay_s * 1e6:.0f} us replaying)")
 
 
-def ranks():
-    """The size of the default process group, or 1 outside one."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
-
-
 def log(decision):
     DECISIONS.append(decision)
     del DECISIONS[:-1000]
@@ -83,9 +68,8 @@ class ReplayTrial:
     trial, its forward's, which times the steps and decides for both. `run(call, graphed, args)` returns
     (outputs, whether they came from a replay)."""
 
-    def __init__(self, kind, leader=None, world=1):
+    def __init__(self, kind, leader=None):
         self.kind, self.leader, self.followers = kind, leader, []
-        self.world = world   # ranks of the process group: more than one, the verdict is the capture's
         if leader is not None:
             leader.followers.append(self)
         self.launched, self.replayed = [], []   # periods, seconds
@@ -107,9 +91,6 @@ class ReplayTrial:
                 self._decide(False, "its CUDA graph could not capture or replay these inputs")
                 return call(args), False
             self.captured = True
-            if self.world > 1 and self.leader is None:
-                self._decide(True, f"in a process group of {self.world} ranks: replays where it captures, the "
-                                   f"verdict every rank reaches alone")
             return out, True
         replaying = self.turns % 2 == 1
         self.turns += 1

@@ -23,7 +23,7 @@ from collections import Counter
 
 import torch
 
-from brrr.compile import fallbacks, ir, kernel_registry, replay_choice
+from brrr.compile import fallbacks, ir, kernel_registry
 from brrr.compile.fallbacks import KernelFailed, MAX_REPLANS, debugging, is_out_of_memory, recover, warn_once
 from brrr.compile.graphs import GraphedCall
 from brrr.compile.inplace import reused_memory
@@ -253,7 +253,7 @@ class CompiledGraph:
             self.graphed = GraphedCall(self.call, args, self.lend, self.pin)
             if self.cuda_graphs == "auto":
                 leader = self.lender.trial if self.lender is not None else None
-                self.trial = ReplayTrial(self.kind, leader=leader, world=replay_choice.ranks())
+                self.trial = ReplayTrial(self.kind, leader=leader)
         return out
 
     def _run_trial(self, args):

@@ -264,19 +264,3 @@ def test_a_backward_that_cannot_capture_launches_and_its_forward_still_decides(c
     backward, forward = replay_choice.DECISIONS
     assert not backward.replay and "could not capture" in str(backward)
     assert forward.replay and bw.graphed is None and fw.graphed is not None   # 3 ms of launches saved per step
-
-
-def test_in_a_process_group_a_graph_replays_where_it_captures(clock, fake_cuda_graphs, monkeypatch):
-    """Among ranks there is no timed trial: a graph whose launches are as fast as its replays still replays
-    once captured, on every rank alike, and the verdict is logged."""
-    monkeypatch.setattr(replay_choice, "ranks", lambda: 2)
-    w = torch.randn(4)
-    call = costed_call(clock, fake_cuda_graphs, launch=(30e-6, 200e-6), replay=(30e-6, 200e-6))
-    graph = CompiledGraph(call, None, "", cuda_graphs="auto", kind="forward")
-    run_calls(graph, 3, w)
-    assert graph.trial is None and graph.graphed is not None
-    (decision,) = replay_choice.DECISIONS
-    assert decision.replay and "process group of 2 ranks" in decision.reason
-    replays = fake_cuda_graphs.replays
-    run_calls(graph, 4, w)
-    assert fake_cuda_graphs.replays == replays + 4
