@@ -52,7 +52,7 @@ class MatmulInfo:
     op: str                    # mm | addmm | bmm | baddbmm
     size: str                  # "[B x] M x N x K"
     dtype: str
-    runs_as: str               # "cuBLAS" | "template BLOCK_MxBLOCK_NxBLOCK_K"
+    runs_as: str               # "cuBLAS" | "[TMA ]template BLOCK_MxBLOCK_NxBLOCK_K"
     epilogue: list = field(default_factory=list)   # ATen ops fused after it
     bytes_saved: int = 0       # the product's write and read (or its read alone, when it is also stored)
     kernel: str = ""
@@ -245,7 +245,8 @@ def _matmul_info(kind, mm, ks):
     dtype = str(mm.dtype).replace("torch.", "")
     if ks is None:
         return MatmulInfo(kind, op, size, dtype, "cuBLAS")
-    tile = f"template {ks.meta['BLOCK_M']}x{ks.meta['BLOCK_N']}x{ks.meta['BLOCK_K']}"
+    kind_of = "TMA template" if getattr(ks, "tma", None) else "template"
+    tile = f"{kind_of} {ks.meta['BLOCK_M']}x{ks.meta['BLOCK_N']}x{ks.meta['BLOCK_K']}"
     product = tensor_bytes(mm.meta["fake"])
     saved = product if mm in ks.stores else 2 * product
     epilogue = [o for o in ks.ops if o not in mm.ops]

@@ -43,6 +43,11 @@ def _device_tensor(a):
     return isinstance(a, torch.Tensor) and a.is_cuda
 
 
+def _is_descriptor(a):
+    """A host-side TMA descriptor (triton.tools.tensor_descriptor.TensorDescriptor)."""
+    return type(a).__name__ == "TensorDescriptor"
+
+
 def _hook_chain_idle(hook):
     return hook is None or (hasattr(hook, "calls") and not hook.calls)
 
@@ -121,6 +126,7 @@ class Launcher:
         self.static = None  # (C launch, static kernel, arg types, extra args) when torch's launcher takes it
         self.try_static = os.environ.get("BRRR_STATIC_LAUNCH") != "0"   # read when the graph is built
         self.tensor_slots, self.plain_slots, self.plain_args = (), (), ()
+        self.unproven = False   # whether direct launches with TMA descriptors have yet to be tried
 
     def __call__(self, *args):
         fast = self.fast
@@ -134,6 +140,14 @@ class Launcher:
                 return None
             run, function, packed, device, tail = fast
             # no launch metadata and no hooks: _fits saw both hook chains empty
+            if self.unproven:   # TMA descriptors in the arguments: the first direct launch proves Triton takes them
+                try:
+                    run(g0, g1, g2, _current_stream(device), function, packed, None, None, None, *args, *tail)
+                except (TypeError, ValueError, AttributeError):   # raised before launching: the JIT path serves
+                    self.fast = False
+                    return self.jit_fn[self.grid](*args, **self.meta)
+                self.unproven = False
+                return None
             run(g0, g1, g2, _current_stream(device), function, packed, None, None, None, *args, *tail)
             return None
         try:
@@ -172,7 +186,8 @@ class Launcher:
         tail_names = names[len(args):]   # the constexprs; meta's other keys (num_warps) are compile options
         if any(n not in self.meta for n in tail_names):
             return
-        if not all(_device_tensor(a) or type(a) in _PLAIN for a in args):
+        descriptors = {i for i, a in enumerate(args) if _is_descriptor(a)}
+        if not all(_device_tensor(a) or type(a) in _PLAIN or i in descriptors for i, a in enumerate(args)):
             return
         enter, exit_ = _launch_hooks()
         if any(isinstance(a, torch.Tensor) and a.data_ptr() & 15 for a in args) or \
@@ -181,8 +196,11 @@ class Launcher:
         self.tensor_slots = tuple(i for i, a in enumerate(args)
                                   if isinstance(a, torch.Tensor) and i not in self.fresh_slots)
         self.hook_chains = tuple(h for h in (enter, exit_) if h is not None)
-        self.plain_slots = tuple(i for i, a in enumerate(args) if not isinstance(a, torch.Tensor))
+        # a descriptor is made afresh for each call (it holds its tensor's address), so it is never compared
+        self.plain_slots = tuple(i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)
+                                 and i not in descriptors)
         self.plain_args = tuple(args[i] for i in self.plain_slots)
         self.fast = (run, function, packed, _current_device(), tuple(self.meta[n] for n in tail_names))
-        if self.try_static and not self.plain_slots:
+        self.unproven = bool(descriptors)
+        if self.try_static and not self.plain_slots and not descriptors:
             self.static = static_kernel(kernel, len(args), self.fast[3])

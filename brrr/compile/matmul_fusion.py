@@ -22,7 +22,7 @@ from brrr.compile.fallbacks import recover
 from brrr.compile.inplace import root_of, step_reads
 from brrr.compile.codegen.matmul_epilogue import EpilogueRefused, generate_fused, strides_of, with_config
 from brrr.compile.codegen.matmul_template import TL
-from brrr.compile.matmul_configs import candidates, default_config, wave_area
+from brrr.compile.matmul_configs import TMA_CONFIGS, candidates, default_config, fits, tma_config, wave_area
 
 _aten = torch.ops.aten
 MATMULS = {_aten.mm.default, _aten.bmm.default, _aten.addmm.default}
@@ -117,15 +117,26 @@ def fuse_matmul_epilogues(plan, kernels, interpreted, option=None):
             continue
         store_product = len(readers) > 1 or mm in outputs
         name = "brrr_mm_" + consumer.name.removeprefix("brrr_")
+        def fused_source(tma):
+            return generate_fused(name, mm, a, b, bias, consumer, set(plan.stored),
+                                  {n for n in plan.stored if n.kind == "pointwise" and n not in consumer.roots},
+                                  {r: k for k_, k in plan.steps if k_ == "kernel" for r in k.roots},
+                                  store_product, interpreted, tma=tma)
         try:
-            src = generate_fused(name, mm, a, b, bias, consumer, set(plan.stored),
-                                 {n for n in plan.stored if n.kind == "pointwise" and n not in consumer.roots},
-                                 {r: k for k_, k in plan.steps if k_ == "kernel" for r in k.roots},
-                                 store_product, interpreted)
+            src = fused_source(None)
+            tma = tma_tile(mm, a, interpreted)
+            tma_src = None
+            if tma is not None:
+                try:
+                    tma_src = fused_source(tma)
+                except EpilogueRefused as e:   # the pointer template serves these operands
+                    plan.refusals.append((mm, f"matmul epilogue with {consumer.name}: {e}"))
             if matmul_choice.mode(option) == "auto":
-                src, why = _timed(plan, mm, a, b, bias, src, kernels[consumer])
+                src, why = _timed(plan, mm, a, b, bias, src, kernels[consumer], tma_src)
                 if src is None:
                     raise EpilogueRefused(why)
+            elif tma_src is not None:
+                src = tma_src
         except (EpilogueRefused, NotImplementedError, ValueError) as e:
             plan.refusals.append((mm, f"matmul epilogue with {consumer.name}: {e}"))
             continue
@@ -147,18 +158,38 @@ def fuse_matmul_epilogues(plan, kernels, interpreted, option=None):
     return fused
 
 
-def _timed(plan, mm, a, b, bias, fused, consumer_src):
+TMA_INTERPRETED = False   # tests: fuse into the TMA template under the interpreter too
+
+
+def tma_tile(mm, a, interpreted):
+    """The TMA template's tile for the product `mm` = a @ b where it runs (a Hopper GPU, or the interpreter when
+    tests ask), else None: `matmul_configs.tma_config`'s rule (2-D, 16-bit, at least one tile each way)."""
+    from brrr.compile.template_mm import _tensor_descriptor
+
+    device = mm.meta["fake"].device
+    if interpreted:
+        if not TMA_INTERPRETED:
+            return None
+    elif device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        return None
+    if _tensor_descriptor() is None:
+        return None
+    batch, m, n = mm.shape if len(mm.shape) == 3 else (1, *mm.shape)
+    return tma_config(m, n, a.shape[-1], mm.dtype, batch)
+
+
+def _timed(plan, mm, a, b, bias, fused, consumer_src, tma_fused=None):
     """(the fused KernelSource at its fastest tile, None) when it beats cuBLAS + the consumer's kernel on this
     GPU, else (None, why). Timed once per problem (matmul_choice.py), on real tensors: outside the fake and
     functional modes AOTAutograd compiles under."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():
-        return _timed_here(plan, mm, a, b, bias, fused, consumer_src)
+        return _timed_here(plan, mm, a, b, bias, fused, consumer_src, tma_fused)
 
 
-def _timed_here(plan, mm, a, b, bias, fused, consumer_src):
-    from brrr.compile.runtime import _device_name, load_kernel
+def _timed_here(plan, mm, a, b, bias, fused, consumer_src, tma_fused):
+    from brrr.compile.runtime import _device_name, load_kernel, tma_descriptor
 
     device = mm.meta["fake"].device
     if device.type not in TIMED_DEVICES:
@@ -169,8 +200,10 @@ def _timed_here(plan, mm, a, b, bias, fused, consumer_src):
     others = sorted((c for c in candidates(m, n, k, mm.dtype, batch) if c != first),
                     key=lambda c: wave_area(c, m, n, batch))
     tiles = [first] + others[:matmul_choice.MAX_TILES - 1]
+    tma_tiles = [t for t in TMA_CONFIGS if fits(t, mm.dtype)][:2] if tma_fused is not None else []
     name = _device_name(plan)
-    key = matmul_choice.problem_key(name, fused.source, consumer_src.source, repr(tiles))
+    key = matmul_choice.problem_key(name, fused.source, consumer_src.source, repr(tiles),
+                                    tma_fused.source if tma_fused is not None else "", repr(tma_tiles))
     tensors = {}
 
     def tensor(node):
@@ -182,6 +215,8 @@ def _timed_here(plan, mm, a, b, bias, fused, consumer_src):
     def launch(src):
         fn = load_kernel(src.source, src.name, name)
         args = [tensor(x) for x in src.args]
+        descriptors = getattr(src, "descriptors", {})
+        args = [tma_descriptor(x, *descriptors[i]) if i in descriptors else x for i, x in enumerate(args)]
         return lambda: fn[src.grid](*args, **src.meta)
 
     operands = [tensor(x) for x in ((bias, a, b) if bias is not None else (a, b))]
@@ -197,6 +232,10 @@ def _timed_here(plan, mm, a, b, bias, fused, consumer_src):
         src = with_config(fused, tile, mm, k)
         by_name[f"template {tile}"] = src
         ways[f"template {tile}"] = launch(src)
+    for tile in tma_tiles:
+        src = with_config(tma_fused, tile, mm, k)
+        by_name[f"TMA template {tile}"] = src
+        ways[f"TMA template {tile}"] = launch(src)
     best = matmul_choice.choose(key, ways)
     tensors.clear()
     if best is None or best == "cublas":

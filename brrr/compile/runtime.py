@@ -303,7 +303,7 @@ def build(plan, gm, cuda_graphs=False, kind="graph", matmul_templates=None):
     kernels = generate_all(plan, kind, matmul_templates)
     reused = reused_memory(plan, kernels)
     names, glb = {}, {"torch": torch, "empty_strided": torch.empty_strided, "empty_cuda": _EMPTY_CUDA,
-                      "layout": layout, "check_index": check_index}
+                      "layout": layout, "check_index": check_index, "tma_descriptor": tma_descriptor}
     L = plan.lowering
 
     def var(node):
@@ -407,7 +407,10 @@ def build(plan, gm, cuda_graphs=False, kind="graph", matmul_templates=None):
             glb[ks.name] = None
             launches.append(ks)
             kernel_steps[ks.name] = step
-            lines.append(f"    {ks.name}({', '.join(var(a) for a in ks.args)})  # grid {ks.grid}, {ks.meta}")
+            descriptors = getattr(ks, "descriptors", {})
+            args = [f"tma_descriptor({var(a)}, {descriptors[i][0]}, {descriptors[i][1]})" if i in descriptors
+                    else var(a) for i, a in enumerate(ks.args)]
+            lines.append(f"    {ks.name}({', '.join(args)})  # grid {ks.grid}, {ks.meta}")
     outs = [var(o) if isinstance(o, ir.Node) else const(o) for o in L.outputs]
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     source = "\n".join(free_dead_buffers(drop_unused_views(lines))) + "\n"
@@ -527,6 +530,17 @@ def check_index(index, low, size, op):
     value outside [low, size): the kernels would read outside the tensor it indexes."""
     lo, hi = torch.aminmax(index)
     torch._assert_async((lo >= low) & (hi < size), f"brrr: {op} index out of range [{low}, {size})")
+
+
+def tma_descriptor(t, block, transposed):
+    """A TMA descriptor of matrix `t` (transposed first where its unit stride is its first), read in `block`
+    tiles. TMA reads 16-byte aligned memory only: a tensor that arrives off that alignment (a graph input sliced
+    at an odd offset) is read from an aligned copy."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if t.data_ptr() % 16:
+        t = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+    return TensorDescriptor.from_tensor(t.t() if transposed else t, list(block))
 
 
 def layout(t, stride):

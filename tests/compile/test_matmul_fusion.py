@@ -262,3 +262,102 @@ def test_a_dropout_and_residual_epilogue_keeps_what_it_keeps_scaled(templates):
     kept = (out - r).abs() > 1e-6
     assert 0.4 < kept.float().mean().item() < 0.6   # 3072 draws of p = 0.5
     torch.testing.assert_close((out - r)[kept], (2 * (x @ w.t()))[kept])
+
+
+@pytest.fixture
+def tma_templates(templates, monkeypatch):
+    """Fusion into the TMA persistent template under the interpreter, with a tile the small shapes fill."""
+    from brrr.compile import matmul_fusion
+    from brrr.compile.matmul_configs import TileConfig
+
+    monkeypatch.setattr(matmul_fusion, "TMA_INTERPRETED", True)
+    monkeypatch.setattr(matmul_fusion, "tma_config", lambda m, n, k, dtype, batch=1:
+                        TileConfig(16, 16, 16, 2, 4, 2) if dtype.itemsize == 2 and batch == 1 else None)
+
+
+def _float64_error(got, want64):
+    return ((got.double() - want64).abs().max() / want64.abs().max()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_linear_bias_gelu_runs_in_the_tma_template_and_matches_a_float64_reference(tma_templates, dtype):
+    torch.manual_seed(0)
+    x, w, b = torch.randn(40, 32), torch.randn(48, 32) / 6, torch.randn(48)
+
+    def f(x, w, b):
+        return F.gelu(F.linear(x, w, b))
+
+    args = [t.to(dtype) for t in (x, w, b)]
+    ex = brrr.explain(f, *args)
+    (kernel,) = ex.kernels
+    assert {"addmm", "gelu"} <= set(kernel.ops) and not _matmul_externs(ex)
+    assert "in_ptr0.load(" in kernel.source and "flatten=True" in kernel.source   # descriptors, persistent
+    (info,) = ex.matmuls
+    assert info.runs_as == "TMA template 16x16x16" and info.epilogue
+    got = brrr.compile(f)(*args)
+    want64 = f(*[t.double() for t in args])
+    assert _float64_error(got, want64) <= 2 * _float64_error(f(*args), want64) + 1e-3
+
+
+def test_a_transposed_operand_is_read_through_a_tma_descriptor_of_its_transpose(tma_templates):
+    """x.t() @ w with x [K, M] contiguous: A's unit stride is its first, so the descriptor covers x itself."""
+    torch.manual_seed(0)
+    x, w = torch.randn(32, 40).to(torch.bfloat16), (torch.randn(32, 48) / 6).to(torch.bfloat16)
+
+    def f(x, w):
+        return torch.relu(x.t() @ w)
+
+    ex = brrr.explain(f, x, w)
+    (kernel,) = ex.kernels
+    assert ex.matmuls[0].runs_as.startswith("TMA template") and ".T" in kernel.source
+    want64 = f(x.double(), w.double())
+    assert _float64_error(brrr.compile(f)(x, w), want64) <= 2 * _float64_error(f(x, w), want64) + 1e-3
+
+
+def test_a_trained_block_with_a_tma_epilogue_matches_eager(tma_templates):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.GELU(), torch.nn.Linear(48, 32)).to(torch.bfloat16)
+    ours = copy.deepcopy(model)
+    x = torch.randn(40, 32).to(torch.bfloat16)
+    ex = brrr.explain(copy.deepcopy(model), x.clone().requires_grad_(), train=True)
+    assert any(m.runs_as.startswith("TMA template") for m in ex.matmuls if m.graph == "forward")
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y = brrr.compile(ours)(x2)
+    y.float().sum().backward()
+    want = model(x1)
+    want.float().sum().backward()
+    torch.testing.assert_close(y, want, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(x2.grad, x1.grad, atol=3e-2, rtol=3e-2)
+    for (name, p), q in zip(model.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=5e-2, rtol=5e-2, msg=name)
+
+
+def test_an_unaligned_input_is_read_from_an_aligned_copy(tma_templates):
+    """A graph input that arrives 2 bytes off 16-byte alignment (a slice at an odd offset) still multiplies
+    right: TMA reads only aligned memory, so the call copies it first."""
+    torch.manual_seed(0)
+    w, b = (torch.randn(48, 32) / 6).to(torch.bfloat16), torch.randn(48).to(torch.bfloat16)
+
+    def f(x, w, b):
+        return F.gelu(F.linear(x, w, b))
+
+    compiled = brrr.compile(f)
+    base = torch.randn(40 * 32 + 1).to(torch.bfloat16)
+    aligned = base[:40 * 32].view(40, 32)
+    compiled(aligned.clone(), w, b)
+    odd = base[1:].view(40, 32)
+    assert odd.data_ptr() % 16
+    torch.testing.assert_close(compiled(odd, w, b), f(odd, w, b), atol=2e-2, rtol=2e-2)
+
+
+def test_a_tma_descriptor_of_unaligned_memory_reads_an_aligned_copy():
+    from brrr.compile.runtime import tma_descriptor
+
+    base = torch.arange(41 * 32, dtype=torch.float32).to(torch.bfloat16)
+    odd = base[1:1 + 40 * 32].view(40, 32)
+    desc = tma_descriptor(odd, (16, 16), False)
+    assert odd.data_ptr() % 16 and desc.base.data_ptr() % 16 == 0 and torch.equal(desc.base, odd)
+    t = tma_descriptor(odd.t(), (16, 16), True)
+    assert t.base.data_ptr() % 16 == 0 and torch.equal(t.base, odd) and list(t.block_shape) == [16, 16]
+    aligned = base[:40 * 32].view(40, 32)
+    assert tma_descriptor(aligned, (16, 16), False).base.data_ptr() == aligned.data_ptr()

@@ -18,6 +18,7 @@ import torch
 
 from brrr.compile import ir
 from brrr.compile.codegen.matmul_template import Epilogue, Tile, generate
+from brrr.compile.codegen.matmul_template_tma import DTYPES as TMA_DTYPES, generate_tma
 from brrr.compile.codegen.triton import Codegen, KernelSource, Scope, needs_int64
 from brrr.compile.matmul_configs import default_config
 
@@ -51,9 +52,12 @@ class _Rendered(Epilogue):
         return self.lines
 
 
-def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_of, store_product, interpreted):
+def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_of, store_product, interpreted,
+                   tma=None):
     """KernelSource of `consumer` (a pointwise Kernel) fused after the matmul `mm` (an Extern buffer node computing
-    a @ b, plus `bias` for addmm: an IR node or None). Raises EpilogueRefused."""
+    a @ b, plus `bias` for addmm: an IR node or None). Raises EpilogueRefused. `tma`: a TileConfig to run the
+    TMA persistent template with (matmul_template_tma.py), when `tma_operands` takes the operands; else the
+    pointer template at `default_config`'s tile."""
     batched = len(mm.shape) == 3
     batch, m, n = (mm.shape if batched else (1, *mm.shape))
     k = a.shape[-1]
@@ -93,6 +97,19 @@ def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_o
     pointers = [p for p in list(cg.inputs.values()) + list(cg.outputs.values()) if p not in ("in_ptr0", "in_ptr1")
                 and not (store_product and p == "out_ptr0")]
     epilogue = _Rendered(consumer.name, pointers, head + scope.lines)
+    order = list(cg.inputs.values()) + list(cg.outputs.values())
+    args = list(cg.inputs) + list(cg.outputs)
+    ops = sorted({o for nd in cg.ops_nodes | {mm} for o in nd.ops if o not in ("view", "_unsafe_view", "alias")})
+    if tma is not None:
+        a_t, b_t = tma_operands(mm, a, b)
+        source = generate_tma(mm.dtype, epilogue, wide=wide, interpreted=interpreted,
+                              baked=dict(M=m, N=n, K=k, stride_om=n, stride_on=1),
+                              pointers=("in_ptr0", "in_ptr1", "out_ptr0"), store_product=store_product, name=name,
+                              order=order, helpers=cg.helpers)
+        src = KernelSource(name, source.source, args, (), {}, ops, 0, list(cg.outputs),
+                           sorted(cg.ops_nodes | {mm}, key=lambda nd: nd.name))
+        src.tma = dict(A_T=a_t, B_T=b_t, NUM_SMS=_sms(mm))
+        return with_config(src, tma, mm, k)
     config = default_config(m, n, k, mm.dtype, batch)
     sa, sb = strides_of(a), strides_of(b)
     baked = dict(M=m, N=n, K=k, stride_ab=_batch_stride(a, sa, batched), stride_am=sa[-2], stride_ak=sa[-1],
@@ -101,20 +118,73 @@ def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_o
     tf32 = mm.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     source = generate(mm.dtype, epilogue, tf32=tf32, wide=wide, interpreted=interpreted, baked=baked,
                       pointers=("in_ptr0", "in_ptr1", "out_ptr0"), store_product=store_product, name=name,
-                      order=list(cg.inputs.values()) + list(cg.outputs.values()), helpers=cg.helpers)
-    text = source.source
-    args = list(cg.inputs) + list(cg.outputs)
-    ops = sorted({o for nd in cg.ops_nodes | {mm} for o in nd.ops if o not in ("view", "_unsafe_view", "alias")})
+                      order=order, helpers=cg.helpers)
     meta = config.meta(k)
-    return KernelSource(name, text, args, (config.tiles(m, n), batch), meta, ops, 0, list(cg.outputs),
+    return KernelSource(name, source.source, args, (config.tiles(m, n), batch), meta, ops, 0, list(cg.outputs),
                         sorted(cg.ops_nodes | {mm}, key=lambda nd: nd.name))
 
 
+INTERPRETED_SMS = 3   # programs of a persistent kernel under the interpreter: each walks several tiles
+
+
+def _sms(mm):
+    device = mm.meta["fake"].device
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETED_SMS
+
+
+def tma_operands(mm, a, b):
+    """(A_T, B_T): how TMA descriptors read the operands of the 2-D product `mm` = a @ b, each along its unit
+    stride ([M, K] or, transposed, [K, M]; [K, N] or [N, K]). Raises EpilogueRefused where TMA cannot: a batched
+    or non-16-bit product, no unit stride, another stride not a multiple of 16 bytes, or an offset that leaves
+    the data off 16-byte alignment (the runtime copies a graph input that arrives unaligned)."""
+    if len(mm.shape) != 2 or mm.dtype not in TMA_DTYPES:
+        raise EpilogueRefused("TMA: a batched or non-16-bit product")
+    if a is b:
+        raise EpilogueRefused("TMA: one tensor is both operands")
+    transposed = []
+    for x in (a, b):
+        strides = strides_of(x)
+        size = x.dtype.itemsize
+        if len(strides) != 2 or _offset(x) * size % 16:
+            raise EpilogueRefused(f"TMA: {x.name} is not a 16-byte aligned matrix")
+        if strides[1] == 1 and strides[0] * size % 16 == 0:
+            transposed.append(False)
+        elif strides[0] == 1 and strides[1] * size % 16 == 0:
+            transposed.append(True)
+        else:
+            raise EpilogueRefused(f"TMA: {x.name}'s strides {strides} have no unit stride and 16-byte rows")
+    return tuple(transposed)
+
+
+def _offset(node):
+    if node.kind == "buffer" and node.producer != "view":
+        return node.offset
+    fake = node.meta.get("fake")
+    if fake is None and node.fx is not None:
+        fake = node.fx.meta.get("val")
+    return fake.storage_offset() if fake is not None else 1   # unknown: not taken as aligned
+
+
 def with_config(src, config, mm, k):
-    """`src` (a fused kernel) launched with another tile: the same source, other constexprs and grid."""
+    """`src` (a fused kernel) launched with another tile: the same source, other constexprs and grid. A TMA
+    kernel's grid is one program per SM (or per tile, when there are fewer), and its operands go in as
+    descriptors of the tile's blocks (`descriptors`: argument position -> (block shape, transposed))."""
     batch, m, n = mm.shape if len(mm.shape) == 3 else (1, *mm.shape)
-    return KernelSource(src.name, src.source, src.args, (config.tiles(m, n), batch), config.meta(k), src.ops,
-                        src.bytes, src.stores, src.nodes)
+    tma = getattr(src, "tma", None)
+    if tma is None:
+        return KernelSource(src.name, src.source, src.args, (config.tiles(m, n), batch), config.meta(k), src.ops,
+                            src.bytes, src.stores, src.nodes)
+    meta = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+                num_warps=config.num_warps, num_stages=config.num_stages, **tma)
+    out = KernelSource(src.name, src.source, src.args, (max(1, min(tma["NUM_SMS"], config.tiles(m, n))),), meta,
+                       src.ops, src.bytes, src.stores, src.nodes)
+    out.tma = tma
+    a_block = (config.block_k, config.block_m) if tma["A_T"] else (config.block_m, config.block_k)
+    b_block = (config.block_n, config.block_k) if tma["B_T"] else (config.block_k, config.block_n)
+    out.descriptors = {0: (a_block, tma["A_T"]), 1: (b_block, tma["B_T"])}
+    return out
 
 
 def strides_of(node):

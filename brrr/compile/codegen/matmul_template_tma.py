@@ -26,23 +26,39 @@ from brrr.compile.codegen.shim import prelude
 DTYPES = (torch.float16, torch.bfloat16)   # wgmma reads 16-bit tiles in either orientation from shared memory
 CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "A_T", "B_T", "NUM_SMS")
 OWN = ("M", "N", "K", "stride_om", "stride_on")
-LOCALS = ("a_desc", "b_desc", "out_ptr", "pid_b", "num_pid_m", "num_pid_n", "k_tiles", "num_tiles",
+LOCALS = ("pid_b", "num_pid_m", "num_pid_n", "k_tiles", "num_tiles",
           "num_pid_in_group", "tile_id", "group_id", "first_pid_m", "group_size_m", "pid_m", "pid_n", "acc", "k",
           "a", "b", "rm", "rn", "mask")
 
 
-def generate_tma(dtype, epilogue=None, *, wide=False, interpreted=False):
+def generate_tma(dtype, epilogue=None, *, wide=False, interpreted=False, baked=None, pointers=None,
+                 store_product=True, name=None, order=None, helpers=()):
     """Triton source of the TMA persistent matmul for `dtype` operands (float16 or bfloat16). `wide`: the output
     offsets in int64. `interpreted`: for the Triton interpreter, whose `tl.dot` multiplies bf16 bit patterns as
-    integers: bf16 tiles are widened to fp32 exactly before the dot and the result rounded by hand."""
+    integers: bf16 tiles are widened to fp32 exactly before the dot and the result rounded by hand.
+    The compiler's fused kernels (matmul_epilogue.py) also pass, as for `matmul_template.generate`:
+    baked: {name in OWN: int}, sizes and strides written into the source as constants;
+    pointers: (a, b, out) parameter names: the two descriptors and the product's pointer;
+    store_product: False when only the epilogue's own stores leave the kernel;
+    name, order (the pointer and descriptor parameters in the caller's order), helpers (shim helpers)."""
     if dtype not in DTYPES:
         raise NotImplementedError(f"TMA matmul template: dtype {dtype} (supported: {DTYPES})")
     epilogue = epilogue or Epilogue()
     tile = Tile(dtype, interpreted)
-    taken = set(OWN + CONSTEXPRS + LOCALS) & set(epilogue.params)
+    tile.helpers.update(helpers)
+    baked = dict(baked or {})
+    a_name, b_name, out_name = pointers or ("a_desc", "b_desc", "out_ptr")
+    own = tuple(p for p in OWN if p not in baked)
+    taken = set(own + CONSTEXPRS + LOCALS + (a_name, b_name) + ((out_name,) if store_product else ())) \
+        & set(epilogue.params)
     if taken:
         raise ValueError(f"epilogue {epilogue.name!r}: parameters {sorted(taken)} are the template's names")
-    params = ("a_desc", "b_desc", "out_ptr") + tuple(epilogue.params) + OWN
+    pointer_params = (a_name, b_name) + ((out_name,) if store_product else ()) + tuple(epilogue.params)
+    if order is not None:
+        if sorted(order) != sorted(pointer_params):
+            raise ValueError(f"TMA template: order {list(order)} is not a permutation of {list(pointer_params)}")
+        pointer_params = tuple(order)
+    params = pointer_params + own
     widen = dtype == torch.bfloat16 and interpreted
     if widen:
         dot = "acc = tl.dot(a, b, acc, input_precision=\"ieee\")"
@@ -58,21 +74,22 @@ def generate_tma(dtype, epilogue=None, *, wide=False, interpreted=False):
         "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
         "for k in range(k_tiles):",
         "    if A_T:",
-        f"        a = {tile_load('a_desc', 'k * BLOCK_K, pid_m * BLOCK_M', True)}",
+        f"        a = {tile_load(a_name, 'k * BLOCK_K, pid_m * BLOCK_M', True)}",
         "    else:",
-        f"        a = {tile_load('a_desc', 'pid_m * BLOCK_M, k * BLOCK_K', False)}",
+        f"        a = {tile_load(a_name, 'pid_m * BLOCK_M, k * BLOCK_K', False)}",
         "    if B_T:",
-        f"        b = {tile_load('b_desc', 'pid_n * BLOCK_N, k * BLOCK_K', True)}",
+        f"        b = {tile_load(b_name, 'pid_n * BLOCK_N, k * BLOCK_K', True)}",
         "    else:",
-        f"        b = {tile_load('b_desc', 'k * BLOCK_K, pid_n * BLOCK_N', False)}",
+        f"        b = {tile_load(b_name, 'k * BLOCK_K, pid_n * BLOCK_N', False)}",
         f"    {dot}",
         f"rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)){i64}[:, None]",
         f"rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)){i64}[None, :]",
         "mask = (rm < M) & (rn < N)",
     ] + list(epilogue.code(tile))
-    stored = tile.narrow(epilogue.value(tile), dtype)
-    loop.append(f"tl.store(out_ptr + rm * stride_om + rn * stride_on, {stored}, mask=mask)")
-    body = [
+    if store_product:
+        stored = tile.narrow(epilogue.value(tile), dtype)
+        loop.append(f"tl.store({out_name} + rm * stride_om + rn * stride_on, {stored}, mask=mask)")
+    body = [f"{k} = {int(v)}" for k, v in baked.items()] + [
         "pid_b = 0",
         "num_pid_m = tl.cdiv(M, BLOCK_M)",
         "num_pid_n = tl.cdiv(N, BLOCK_N)",
@@ -82,11 +99,10 @@ def generate_tma(dtype, epilogue=None, *, wide=False, interpreted=False):
         "# one program per SM walks the tiles; flattened, the K loop's pipeline runs on across a tile's end",
         "for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):",
     ] + ["    " + line for line in grouped_tile("tile_id") + loop]
-    name = kernel_name(epilogue).replace("brrr_mm", "brrr_mm_tma", 1)
+    name = name or kernel_name(epilogue).replace("brrr_mm", "brrr_mm_tma", 1)
     signature = ", ".join(params + tuple(f"{c}: tl.constexpr" for c in CONSTEXPRS))
     comment = (f"# matmul template, TMA persistent: {str(dtype).replace('torch.', '')} operands"
                f"{', int64 offsets' if wide else ''}, epilogue {epilogue.name or 'none'}")
     source = "\n".join(["import triton", "import triton.language as tl", "", comment, prelude(tile.helpers), "",
                         "@triton.jit", f"def {name}({signature}):"] + ["    " + line for line in body]) + "\n"
     return MatmulSource(name, source, params + CONSTEXPRS)
-
