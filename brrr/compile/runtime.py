@@ -373,7 +373,8 @@ def build(plan, gm, cuda_graphs=False, kind="graph", matmul_templates=None):
                 kwargs = torch.fx.node.map_arg(fx.kwargs, lambda a: _fx_var(L, a, var))
                 a = ", ".join(const(x) for x in args)
                 kw = "".join(f", {k}={const(v)}" for k, v in kwargs.items())
-                tag = "extern" if n.producer == "extern" else f"fallback: {n.reason}"
+                # a comment of one line: a reason may quote a multi-line compiler error
+                tag = "extern" if n.producer == "extern" else f"fallback: {' '.join(str(n.reason).split())}"
                 # an OpOverload's C++ entry point: the same call without OpOverload.__call__'s Python frame
                 target = getattr(fx.target, "_op", fx.target) if isinstance(fx.target, torch._ops.OpOverload) \
                     else fx.target
