@@ -599,7 +599,8 @@ def _device_name(plan):
 
 def _load_and_warm(ks, device):
     k = load_kernel(ks.source, ks.name, device)
-    if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available():
+    # a kernel reading TMA descriptors compiles at its first launch: dtypes cannot stand in for descriptors
+    if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() and not getattr(ks, "descriptors", None):
         from triton.compiler.errors import CompilationError
 
         try:   # compile now, in this worker, rather than at the first launch (dtypes stand in for tensors)
