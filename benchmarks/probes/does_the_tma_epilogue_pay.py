@@ -62,6 +62,14 @@ def main():
               f"error {err:.2e} (eager {eager_err:.2e}), compile {compile_s:.1f} s")
         for info in ex.matmuls:
             print(f"    {info}")
+        from torch.profiler import ProfilerActivity, profile
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                f(x)
+            torch.cuda.synchronize()
+        for e in prof.key_averages():
+            if e.device_time_total > 0:
+                print(f"      {e.count:3d} x {e.device_time_total / e.count:7.1f} us  {e.key[:80]}")
     # a training step, default mode against "always"
     for mode in ("off", "always"):
         m = copy.deepcopy(model)
