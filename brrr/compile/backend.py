@@ -19,9 +19,10 @@ import torch
 
 from brrr.compile.attention_mask import contiguous_attention_masks
 from brrr.compile.linear_cross_entropy_pass import fuse_linear_cross_entropy
-from brrr.compile import fallbacks
-from brrr.compile.fallbacks import MAX_REPLANS, GraphFallback, KernelFailed, debugging, recover, warn_once
-from brrr.compile.specialize import PerShape, symbolic
+from brrr.compile import fallbacks, sizes
+from brrr.compile.fallbacks import (MAX_REPLANS, GraphFallback, KernelFailed, debugging, is_out_of_memory, recover,
+                                    warn_once)
+from brrr.compile.specialize import PerShape, copy_graph_module, symbolic
 
 aten = torch.ops.aten
 
@@ -109,7 +110,8 @@ def plan_graph(gm, forced=None):
     return schedule(lower(gm, forced))
 
 
-def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind="forward", matmul_templates=None):
+def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind="forward", matmul_templates=None,
+                  symbolic_sizes=False):
     """One core-ATen graph -> a callable. `sink` (explain) observes each plan instead of building it;
     `matmul_templates` is brrr.compile's option (matmul_choice.py).
 
@@ -121,11 +123,18 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
     from brrr.compile.runtime import build, generate_all
 
     reason = graph_refusal(gm, planning_only=sink is not None)
+    if reason == SYMBOLIC and symbolic_sizes:
+        reason = None
+        cuda_graphs = False   # a captured graph replays the sizes it was captured at
     if reason:
         raise GraphFallback(reason)
     forced, replans = {}, []
 
     def attempt():
+        with sizes.planning():
+            return plan_and_build()
+
+    def plan_and_build():
         try:
             plan = plan_graph(gm, forced)
         except Exception as e:
@@ -188,17 +197,31 @@ def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, matmul_temp
     pass here changes the graph. A graph of symbolic sizes is compiled once per shape (specialize.py)."""
     eager_forward = gm.forward   # bound now: the passes below recompile gm, this keeps the captured code
     reason = graph_refusal(gm, example_inputs, planning_only=_sink is not None)
-    if reason == SYMBOLIC and _sink is None and device_refusal(gm, example_inputs) is None:
-        return PerShape(gm, functools.partial(_compile_static, eager_forward=eager_forward,
-                                              cuda_graphs=cuda_graphs, matmul_templates=matmul_templates),
-                        eager_forward)
+    if reason == SYMBOLIC and (_sink is not None or device_refusal(gm, example_inputs) is None):
+        # one compile at symbolic sizes (sizes.py); where brrr cannot plan it so, once per shape
+        try:
+            compiled = _compile_static(copy_graph_module(gm), example_inputs, eager_forward, cuda_graphs, _sink,
+                                       matmul_templates, symbolic_sizes=True)
+        except Exception as e:
+            if debugging() or is_out_of_memory(e):
+                raise
+            fallbacks.log("graph", "dynamo", "symbolic sizes", f"{type(e).__name__}: {str(e)[:200]}")
+            compiled = None
+        if compiled is not None:
+            return compiled
+        if _sink is None:
+            return PerShape(gm, functools.partial(_compile_static, eager_forward=eager_forward,
+                                                  cuda_graphs=cuda_graphs, matmul_templates=matmul_templates),
+                            eager_forward)
     if reason:
         return _dynamo_graph_fallback(reason, eager_forward, _sink)
     return _compile_static(gm, example_inputs, eager_forward, cuda_graphs, _sink, matmul_templates)
 
 
-def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink=None, matmul_templates=None):
-    """brrr_backend for a graph of concrete sizes."""
+def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink=None, matmul_templates=None,
+                    symbolic_sizes=False):
+    """brrr_backend for a graph of concrete sizes; `symbolic_sizes`: for one of symbolic sizes, planned at them, or
+    None where brrr cannot (the caller then compiles it per shape)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
@@ -211,7 +234,7 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
         def compile_kind(g, inputs):
             try:
                 compiled = compile_graph(g, inputs, cuda_graphs=cuda_graphs, sink=_sink, graph_kind=kind,
-                                         matmul_templates=matmul_templates)
+                                         matmul_templates=matmul_templates, symbolic_sizes=symbolic_sizes)
             except GraphFallback as e:
                 if compiling[0]:
                     raise
@@ -247,6 +270,9 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
         with patch or contextlib.nullcontext():
             compiled = backend(gm, example_inputs)
     except GraphFallback as e:
+        if symbolic_sizes:
+            fallbacks.log("graph", "dynamo", "symbolic sizes", str(e))
+            return None
         return _dynamo_graph_fallback(str(e), eager_forward, _sink)
     finally:
         compiling[0] = False

@@ -16,6 +16,8 @@ import itertools
 import weakref
 from dataclasses import dataclass
 
+from brrr.compile.sizes import expr_text, known_true, size
+
 
 @dataclass(frozen=True)
 class Term:
@@ -30,6 +32,8 @@ class Term:
             m = self.mod - 1
         elif self.brange is None:
             return None
+        elif known_true(self.brange % self.div == 0):   # exact: (B - 1) // d == B // d - 1, which sympy simplifies
+            m = self.brange // self.div - 1
         else:
             m = (self.brange - 1) // self.div
         return m * self.coeff
@@ -39,7 +43,7 @@ class Ix:
     __slots__ = ("terms", "const")
 
     def __init__(self, terms=(), const=0):
-        self.terms, self.const = _canonical(list(terms)) if terms else (), int(const)
+        self.terms, self.const = _canonical(list(terms)) if terms else (), size(const)
 
     @staticmethod
     def var(name, size):
@@ -47,7 +51,7 @@ class Ix:
 
     @staticmethod
     def of(x):
-        return x if isinstance(x, Ix) else _made((), int(x))
+        return x if isinstance(x, Ix) else _made((), size(x))
 
     def key(self):
         return (tuple((id(t.base) if not isinstance(t.base, str) else t.base, t.div, t.mod, t.coeff)
@@ -82,7 +86,7 @@ class Ix:
     __radd__ = __add__
 
     def __mul__(self, k):
-        k = int(k)
+        k = size(k)
         if k == 0:
             return Ix()
         if not _nonzero(self.terms):
@@ -95,7 +99,7 @@ class Ix:
     __rmul__ = __mul__
 
     def __floordiv__(self, k):
-        k = int(k)
+        k = size(k)
         if k == 1:
             return self
         mx = self.max()
@@ -103,7 +107,7 @@ class Ix:
             return Ix()
         high = [t for t in self.terms if t.coeff % k == 0]
         low = [t for t in self.terms if t.coeff % k != 0]
-        ch, cl = divmod(self.const, k)
+        ch, cl = self.const // k, self.const % k   # divmod takes no SymInt
         low_max = Ix(low, cl).max()
         if low_max is not None and low_max < k:
             return Ix([Term(t.base, t.brange, t.div, t.mod, t.coeff // k) for t in high], ch)
@@ -118,7 +122,7 @@ class Ix:
         return _opaque(self, k, None)
 
     def __mod__(self, k):
-        k = int(k)
+        k = size(k)
         if k == 1:
             return Ix()
         keep = [t for t in self.terms if t.coeff % k != 0]
@@ -152,7 +156,7 @@ class Ix:
                 s = f"({s}) * {t.coeff}" if (t.div != 1 or t.mod is not None) else f"{s} * {t.coeff}"
             parts.append(s)
         if self.const or not parts:
-            parts.append(str(self.const))
+            parts.append(expr_text(self.const))
         return " + ".join(parts)
 
     def __repr__(self):
@@ -287,7 +291,7 @@ def contiguous_strides(shape):
     strides, acc = [], 1
     for s in reversed(shape):
         strides.append(acc)
-        acc *= max(int(s), 1)
+        acc *= max(size(s), 1)
     return tuple(reversed(strides))
 
 

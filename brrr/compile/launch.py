@@ -114,12 +114,13 @@ def _cubin_file(kernel):
 class Launcher:
     """`launcher(*args)` == `jit_fn[grid](*args, **meta)`, without the JIT's per-call work once it has run."""
 
-    def __init__(self, jit_fn, grid, meta, name="kernel", fx_nodes=(), fresh_slots=()):
+    def __init__(self, jit_fn, grid, meta, name="kernel", fx_nodes=(), fresh_slots=(), symbols=0):
         self.jit_fn, self.grid, self.meta = jit_fn, tuple(grid), dict(meta)
         self.name, self.fx_nodes = name, fx_nodes   # what a failed JIT launch reports (fallbacks.KernelFailed)
         # arguments the generated call allocates itself just before (the caching allocator's blocks are
         # aligned): only the others can change alignment between calls, so only they are checked per launch
         self.fresh_slots = frozenset(fresh_slots)
+        self.symbols = symbols   # trailing size arguments (a symbolic graph's): they change between calls
         self.hook_chains = ()   # the launch hooks' chains seen at the first launch: idle then, re-checked
         self.grid3 = (self.grid + (1, 1))[:3]
         self.fast = None   # (run, function, packed_metadata, device index, tail args)
@@ -128,11 +129,12 @@ class Launcher:
         self.tensor_slots, self.plain_slots, self.plain_args = (), (), ()
         self.unproven = False   # whether direct launches with TMA descriptors have yet to be tried
 
-    def __call__(self, *args):
+    def __call__(self, *args, grid=None):
+        """Launch on `args`; `grid` (a symbolic graph's kernels) is this call's grid, else the one built in."""
         fast = self.fast
         if fast and self._fits(args):
             static = self.static
-            g0, g1, g2 = self.grid3
+            g0, g1, g2 = self.grid3 if grid is None else (tuple(grid) + (1, 1))[:3]
             if static is not None:
                 launch, sk, arg_tys, extra = static
                 launch(sk.function, g0, g1, g2, sk.num_warps, sk.shared, arg_tys, args + extra,
@@ -145,7 +147,7 @@ class Launcher:
                     run(g0, g1, g2, _current_stream(device), function, packed, None, None, None, *args, *tail)
                 except (TypeError, ValueError, AttributeError):   # raised before launching: the JIT path serves
                     self.fast = False
-                    return self.jit_fn[self.grid](*args, **self.meta)
+                    return self.jit_fn[(g0, g1, g2)](*args, **self.meta)
                 self.unproven = False
                 return None
             run(g0, g1, g2, _current_stream(device), function, packed, None, None, None, *args, *tail)
@@ -153,10 +155,10 @@ class Launcher:
         try:
             hook = kernel_registry.LAUNCH_HOOK   # set only while brrr.analyze traces a CPU step
             if hook is None:
-                kernel = self.jit_fn[self.grid](*args, **self.meta)
+                kernel = self.jit_fn[self.grid if grid is None else tuple(grid)](*args, **self.meta)
             else:
                 with hook(self.name):
-                    kernel = self.jit_fn[self.grid](*args, **self.meta)
+                    kernel = self.jit_fn[self.grid if grid is None else tuple(grid)](*args, **self.meta)
         except Exception as e:   # compiling or launching failed: the graph can re-plan without this kernel
             if isinstance(e, torch.OutOfMemoryError):
                 raise
@@ -197,8 +199,9 @@ class Launcher:
                                   if isinstance(a, torch.Tensor) and i not in self.fresh_slots)
         self.hook_chains = tuple(h for h in (enter, exit_) if h is not None)
         # a descriptor is made afresh for each call (it holds its tensor's address), so it is never compared
+        sized = range(len(args) - self.symbols, len(args))
         self.plain_slots = tuple(i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)
-                                 and i not in descriptors)
+                                 and i not in descriptors and i not in sized)
         self.plain_args = tuple(args[i] for i in self.plain_slots)
         self.fast = (run, function, packed, _current_device(), tuple(self.meta[n] for n in tail_names))
         self.unproven = bool(descriptors)

@@ -18,6 +18,7 @@ import re
 
 from brrr.compile import ir
 from brrr.compile.indexing import Ix, Opaque, linear
+from brrr.compile.sizes import hint, same, size
 
 _DIM = "@"                      # index variables of the probe: "@0", "@1", ... (never rendered into a kernel)
 _DIM_IN = re.compile(r"@(\d+)")
@@ -43,7 +44,7 @@ def dense_strides(shape, order):
     strides, acc = [0] * len(shape), 1
     for d in order:
         strides[d] = acc
-        acc *= max(int(shape[d]), 1)
+        acc *= max(size(shape[d]), 1)
     return tuple(strides)
 
 
@@ -96,8 +97,8 @@ def input_orders(value, shape):
         fake = v.buf.meta.get("fake")
         nbytes = tensor_bytes(fake) if hasattr(fake, "stride") else v.buf.numel
         spanned = 1
-        for s, size in zip(strides, shape):
-            spanned *= int(size) if s != 0 else 1
+        for s, dim in zip(strides, shape):
+            spanned *= dim if s != 0 else 1
         elements = nbytes // fake.element_size() if hasattr(fake, "element_size") else nbytes
         yield order_of(strides, shape), elements, (nbytes, spanned)
 
@@ -119,11 +120,11 @@ def reads_across_rows(value, shape, dims):
     innermost dim is a kept one: a gradient that reaches a layer norm through a transpose (MLP-Mixer's token
     mixing). Walking rows, neighbouring lanes of that load sit a whole row apart."""
     space = 1
-    for size in shape:
-        space *= int(size)
+    for dim in shape:
+        space *= hint(dim)   # a heuristic: at the hint sizes
     for order, elements, _ in input_orders(value, shape):
         inner = innermost(shape, order)
-        if inner is not None and inner not in dims and 4 * elements >= space:
+        if inner is not None and inner not in dims and 4 * hint(elements) >= space:
             return True
     return False
 
@@ -158,6 +159,6 @@ def tile_split(shape, order, input_order):
 def fake_order(node, shape):
     """The order of eager's layout for `node` (its FakeTensor's strides), or None."""
     fake = node.meta.get("fake")
-    if not hasattr(fake, "stride") or tuple(fake.shape) != tuple(shape):
+    if not hasattr(fake, "stride") or not same(fake.shape, shape):
         return None
     return order_of(tuple(fake.stride()), shape)

@@ -13,6 +13,7 @@ from brrr.compile import ir, layout, mathops
 from brrr.compile.codegen.triton import COLUMN_PERSISTENT_MAX, COLUMN_XBLOCK, PERSISTENT_MAX
 from brrr.compile.indexing import Ix, Term, unflatten
 from brrr.compile.ir import Const, IndexValue, Op
+from brrr.compile.sizes import is_symbolic, same
 
 aten = torch.ops.aten
 LOWERINGS = {}
@@ -221,7 +222,7 @@ def memory_order(x):
     shape = tuple(x.shape)
     order = layout.largest_input_order(x(layout.dim_vars(shape)), shape)
     f = x.meta.get("fake")
-    if order is None and isinstance(f, torch.Tensor) and tuple(f.shape) == shape:
+    if order is None and isinstance(f, torch.Tensor) and same(f.shape, shape):
         order = layout.order_of(tuple(f.stride()), shape)
     x.meta["memory_order"] = order or layout.row_major(len(shape))
     return x.meta["memory_order"]
@@ -238,6 +239,8 @@ def reduction_split(x, dims):
     a few long rows (a row's program loops alone), or long columns over few kept elements (a column
     reduction's program covers COLUMN_XBLOCK columns, so 256 channels would be 4 programs)."""
     shape = tuple(x.shape)
+    if any(is_symbolic(s) for s in shape):   # a split's chunks are planned from sizes: symbolic ones run unsplit
+        return None
     rsize = xnumel = 1
     for d, s in enumerate(shape):
         if d in dims:
@@ -261,7 +264,7 @@ def reads_in_one_tile(x, dims):
     rsize = 1
     for d in dims:
         rsize *= x.shape[d]
-    if reduction_split(x, dims) is not None:
+    if reduction_split(x, dims) is not None or is_symbolic(rsize):   # codegen loops rows of symbolic length
         return False
     return rsize <= (COLUMN_PERSISTENT_MAX if is_column(x, dims) else PERSISTENT_MAX)
 
@@ -430,6 +433,8 @@ class Lowering:
         if fx.target is operator.getitem:
             src, i = fx.args
             return self.env[src][i]
+        if isinstance(meta(fx), (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return meta(fx)   # size arithmetic (`s0 * 768`, `sym_size`): the value, an expression of the sizes
         args = torch.fx.node.map_arg(fx.args, lambda n: self.env[n])
         kwargs = torch.fx.node.map_arg(fx.kwargs, lambda n: self.env[n])
         name = op_name(fx.target)
@@ -459,7 +464,7 @@ class Lowering:
                 for i, o in enumerate(out if isinstance(out, tuple) else (out,)):
                     if isinstance(o, ir.Node):
                         v = val[i] if isinstance(out, tuple) else val
-                        if isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(o.shape) and v.dtype == o.dtype:
+                        if isinstance(v, torch.Tensor) and same(v.shape, o.shape) and v.dtype == o.dtype:
                             o.meta["fake"] = v
                         o.meta.setdefault("device", v.device if isinstance(v, torch.Tensor) else None)
                         self.add(o)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from brrr.compile.sizes import hint
+
 
 @dataclass(frozen=True)
 class KernelWork:
@@ -38,7 +40,7 @@ def _elements(node):
     shape = node.src_shape if node.kind == "reduction" else node.shape
     n = 1
     for s in shape:
-        n *= s
+        n *= hint(s)   # a price: at the hint sizes
     return n
 
 
@@ -51,7 +53,7 @@ def fx_flops(fx):
     args = torch.fx.node.map_arg(fx.args, lambda a: a.meta.get("val"))
     kwargs = torch.fx.node.map_arg(fx.kwargs, lambda a: a.meta.get("val"))
     try:
-        return int(op_flops(fx.target, args, kwargs, fx.meta.get("val")))
+        return int(hint(op_flops(fx.target, args, kwargs, fx.meta.get("val"))))   # a price: at the hint sizes
     except Exception:
         return 0
 
@@ -112,5 +114,5 @@ def kernel_work(kernel, source, totals, flops_of, position):
     # the module doing most of the kernel's FLOPs first (the analyzer's record takes it), then graph order
     modules = tuple(sorted(by_module, key=lambda m: -by_module[m]))
     dtype = next((a.dtype for a in source.stores if getattr(a.dtype, "is_floating_point", False)), None)
-    return KernelWork(int(round(flops)), int(read), int(written),
+    return KernelWork(int(round(hint(flops))), int(hint(read)), int(hint(written)),
                       "normalization" if kernel.dims else "elementwise", dtype, ops, modules)

@@ -23,7 +23,7 @@ from collections import Counter
 
 import torch
 
-from brrr.compile import fallbacks, ir, kernel_registry
+from brrr.compile import fallbacks, ir, kernel_registry, sizes
 from brrr.compile.fallbacks import KernelFailed, MAX_REPLANS, debugging, is_out_of_memory, recover, warn_once
 from brrr.compile.graphs import GraphedCall
 from brrr.compile.inplace import reused_memory
@@ -314,6 +314,8 @@ def build(plan, gm, cuda_graphs=False, kind="graph", matmul_templates=None):
     def const(x):
         if isinstance(x, ir.Node):
             return var(x)
+        if isinstance(x, torch.SymInt):   # a size known at call time: its expression over the bound symbols
+            return f"({sizes.expr_text(x)})"
         if x is None or isinstance(x, (bool, int, str)):
             return repr(x)
         if isinstance(x, float):
@@ -330,6 +332,7 @@ def build(plan, gm, cuda_graphs=False, kind="graph", matmul_templates=None):
     placeholders = [fx for fx in gm.graph.nodes if fx.op == "placeholder"]
     lines.append(f"    {', '.join(fx.name for fx in placeholders)}{',' if len(placeholders) == 1 else ''} = args"
                  if placeholders else "    pass")
+    bindings_at = len(lines)   # symbol bindings go here once the call's lines say which symbols they name
     for n in L.nodes:
         if n is not None and n.kind == "buffer" and n.producer == "constant":
             names[n] = const(n.meta["tensor"])
@@ -358,12 +361,14 @@ def build(plan, gm, cuda_graphs=False, kind="graph", matmul_templates=None):
                     lines.append(f"    {var(n)} = {var(root)}.as_strided({size}, {stride}{offset})  # view {fx.target}")
                     continue
                 method = VIEW_METHODS.get(fx.target) if not fx.kwargs and i is None else None
+                # sizes computed in the graph (`s0 * 768`) are FX nodes: their values, expressions of the sizes
+                view_args = torch.fx.node.map_arg(fx.args[1:], lambda a: _fx_var(L, a, var))
                 if method is not None:   # the Tensor method: the same view without OpOverload's Python
-                    rest = ", ".join(const(a) for a in fx.args[1:])
+                    rest = ", ".join(const(a) for a in view_args)
                     lines.append(f"    {var(n)} = {var(n.view_of)}.{method}({rest})  # view {fx.target}")
                     continue
                 fn = const(fx.target)
-                args = ", ".join([var(n.view_of)] + [const(a) for a in fx.args[1:]])
+                args = ", ".join([var(n.view_of)] + [const(a) for a in view_args])
                 kw = "".join(f", {k}={const(v)}" for k, v in fx.kwargs.items())
                 lines.append(f"    {var(n)} = {fn}({args}{kw}){'' if i is None else f'[{i}]'}  # view {fx.target}")
                 continue
@@ -410,10 +415,14 @@ def build(plan, gm, cuda_graphs=False, kind="graph", matmul_templates=None):
             kernel_steps[ks.name] = step
             descriptors = getattr(ks, "descriptors", {})
             args = [f"tma_descriptor({var(a)}, {descriptors[i][0]}, {descriptors[i][1]})" if i in descriptors
-                    else var(a) for i, a in enumerate(ks.args)]
+                    else var(a) for i, a in enumerate(ks.args)] + list(ks.symbols)
+            if any(isinstance(g, torch.SymInt) for g in ks.grid):   # the grid too is known at call time
+                args.append(f"grid={const(tuple(ks.grid))}")
             lines.append(f"    {ks.name}({', '.join(args)})  # grid {ks.grid}, {ks.meta}")
     outs = [var(o) if isinstance(o, ir.Node) else const(o) for o in L.outputs]
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    named = sizes.symbols_in("\n".join(line.split("  #")[0] for line in lines[bindings_at:]))
+    lines[bindings_at:bindings_at] = [f"    {line}" for line in symbol_bindings(placeholders, named)]
     source = "\n".join(free_dead_buffers(drop_unused_views(lines))) + "\n"
     device = _device_name(plan)
     # Triton compiles kernels mostly outside the GIL (MLIR passes, ptxas): one thread per core
@@ -427,8 +436,10 @@ def build(plan, gm, cuda_graphs=False, kind="graph", matmul_templates=None):
                 if debugging() or is_out_of_memory(e):
                     raise
                 raise KernelFailed(ks.name, "compile", e, fx_nodes) from e
-            glb[ks.name] = Launcher(jit_fn, ks.grid, ks.meta, name=ks.name, fx_nodes=fx_nodes,
-                                    fresh_slots=[i for i, a in enumerate(ks.args) if a in fresh])
+            grid = tuple(1 if isinstance(g, torch.SymInt) else g for g in ks.grid)   # given per call instead
+            glb[ks.name] = Launcher(jit_fn, grid, ks.meta, name=ks.name, fx_nodes=fx_nodes,
+                                    fresh_slots=[i for i, a in enumerate(ks.args) if a in fresh],
+                                    symbols=len(ks.symbols))
     filename = f"<brrr call {hash(source) & 0xffffff:x}>"
     dump_dir = os.environ.get("BRRR_DUMP_DIR")
     if dump_dir:  # the generated call, to read beside a traceback that points into it
@@ -531,6 +542,34 @@ def check_index(index, low, size, op):
     value outside [low, size): the kernels would read outside the tensor it indexes."""
     lo, hi = torch.aminmax(index)
     torch._assert_async((lo >= low) & (hi < size), f"brrr: {op} index out of range [{low}, {size})")
+
+
+def symbol_bindings(placeholders, named=()):
+    """Lines binding each size symbol of a graph's inputs to its value in this call: a size input that is the
+    symbol itself, else the first tensor input with the symbol as a size (or stride). A symbol the call names
+    (`named`) that a guard fixed after kernels naming it were generated is bound to what the guard fixed."""
+    bound, lines = set(), []
+    for fx in placeholders:
+        v = fx.meta.get("val")
+        if isinstance(v, torch.SymInt):
+            name = sizes.expr_text(v)
+            if name.isidentifier() and name not in bound:
+                bound.add(name)
+                lines.append(f"{name} = {fx.name}")
+    for fx in placeholders:
+        v = fx.meta.get("val")
+        if not isinstance(v, torch.Tensor):
+            continue
+        for what, values in (("shape", v.shape), ("stride()", v.stride())):
+            for d, x in enumerate(values):
+                name = sizes.expr_text(x) if isinstance(x, torch.SymInt) else ""
+                if name.isidentifier() and name not in bound:
+                    bound.add(name)
+                    lines.append(f"{name} = {fx.name}.{what}[{d}]")
+    for name in named:
+        if name not in bound:
+            lines.append(f"{name} = {sizes.fixed_value(name, placeholders)}")
+    return lines
 
 
 def tma_descriptor(t, block, transposed):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from brrr.compile import ir, layout
 from brrr.compile.naming import kernel_name
 from brrr.compile.indexing import Ix, linear, unflatten
+from brrr.compile.sizes import hint, same
 
 
 @dataclass(eq=False)
@@ -111,15 +112,15 @@ class Kernel:
     def index_for(self, node):
         """the index at which `node` is computed in this kernel, or None when it does not fit."""
         if node.kind == "reduction":
-            return self.full_index() if (node.src_shape, node.dims) == (self.shape, self.dims) else None
-        if tuple(node.shape) == tuple(self.shape):
+            return self.full_index() if same(node.src_shape, self.shape) and node.dims == self.dims else None
+        if same(node.shape, self.shape):
             return self.full_index()
-        if self.dims and _squeeze(node.shape) == _squeeze(self.kept()):
+        if self.dims and same(_squeeze(node.shape), _squeeze(self.kept())):
             return self.row_index(node.shape)
         return None
 
     def is_row(self, node):
-        return node.kind == "reduction" or (self.dims and tuple(node.shape) != tuple(self.shape))
+        return node.kind == "reduction" or (self.dims and not same(node.shape, self.shape))
 
 
 def _prod(xs):
@@ -313,7 +314,7 @@ class Scheduler:
         """Strides of a root's buffer, fixed here so later kernels read it as it will be: eager's where
         something outside the kernels sees it, else dense in the order its kernel writes it."""
         fake = node.meta.get("fake")
-        if node in self.visible and hasattr(fake, "stride") and tuple(fake.shape) == tuple(node.shape):
+        if node in self.visible and hasattr(fake, "stride") and same(fake.shape, node.shape):
             node.stride = tuple(fake.stride())
         elif kernel.is_row(node):
             node.stride = kernel.row_strides(node.shape)
@@ -328,7 +329,7 @@ class Scheduler:
                 continue
             idx = k.index_for(node)
             upgrade = None
-            if idx is None and node.kind == "reduction" and not k.dims and tuple(k.shape) == tuple(node.src_shape):
+            if idx is None and node.kind == "reduction" and not k.dims and same(k.shape, node.src_shape):
                 # a pointwise kernel becomes its prologue
                 upgrade = Kernel(k.name, k.shape, node.dims, k.roots, order=k.order)
                 idx = upgrade.full_index()
@@ -371,7 +372,7 @@ class Scheduler:
         lanes walk its own innermost dim; a node stored or read mostly along another kept dim (a layer norm's
         input gradient beside a bias gradient over a transposed gradient) would then touch a 32-byte sector per
         element. Alone, it is a pointwise kernel whose tiles run along both layouts."""
-        if not kernel.dims or node.kind != "pointwise" or tuple(node.shape) != tuple(kernel.shape):
+        if not kernel.dims or node.kind != "pointwise" or not same(node.shape, kernel.shape):
             return None
         order = layout.fake_order(node, node.shape) if node in self.visible else None
         if order is None:
@@ -404,7 +405,7 @@ class Scheduler:
                 found = layout.largest_input(self.evaluate(k, root, layout.dim_vars(k.shape))[0], k.shape)
                 if found and (main is None or found[1] > main[1]):
                     main = found
-            if main is not None and 2 * main[1] >= k.xnumel():
+            if main is not None and 2 * hint(main[1]) >= hint(k.xnumel()):   # a heuristic: at the hint sizes
                 k.tile = layout.tile_split(k.shape, k.loop_order(), main[0])
 
     def place_scatter(self, n):

@@ -74,10 +74,16 @@ class PerShape:
             warn_once(reason)
             return self.eager_forward
         # a graph of its own: the attention-mask pass rewrites the graph it is given; parameters stay shared
-        gm = torch.fx.GraphModule(self.gm, _copy_graph(self.gm.graph))
+        gm = copy_graph_module(self.gm)
         # outside Dynamo's compile there is no tracing context: AOTAutograd fakes the real arguments statically
         with torch._guards.tracing(None):
             return self.compile_static(gm, list(args))
+
+
+def copy_graph_module(gm):
+    """A GraphModule of its own over a copy of gm's graph (the backend's passes rewrite the graph they get);
+    parameters and buffers stay shared."""
+    return torch.fx.GraphModule(gm, _copy_graph(gm.graph))
 
 
 def _copy_graph(graph):

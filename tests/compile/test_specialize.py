@@ -1,8 +1,10 @@
-"""Changing shapes (brrr/compile/specialize.py): a graph Dynamo captures with symbolic sizes is compiled by
-brrr once per concrete shape, each with brrr's kernels, up to MAX_SHAPES; past them it runs as captured."""
+"""Changing shapes: a graph Dynamo captures with symbolic sizes is planned once at those sizes (sizes.py); one
+brrr cannot plan so is compiled once per concrete shape (specialize.py), each with brrr's kernels, up to
+MAX_SHAPES; past them it runs as captured."""
 
 import warnings
 
+import pytest
 import torch
 
 from brrr.compile import backend, fallbacks, specialize
@@ -35,7 +37,33 @@ def check_step(cf, n, w):
     torch.testing.assert_close(x.grad, ref_x.grad)
 
 
-def test_each_new_shape_gets_brrrs_kernels_and_matches_eager(monkeypatch):
+@pytest.fixture
+def no_symbolic_plans(monkeypatch):
+    """brrr cannot plan any graph at symbolic sizes: the per-shape path takes them."""
+    real = backend.compile_graph
+
+    def refuse(gm, example_inputs, *args, symbolic_sizes=False, **kw):
+        if symbolic_sizes:
+            raise fallbacks.GraphFallback("refused by the test")
+        return real(gm, example_inputs, *args, **kw)
+    monkeypatch.setattr(backend, "compile_graph", refuse)
+
+
+def test_one_symbolic_compile_serves_every_later_shape(monkeypatch):
+    planned = []
+    real_plan = backend.plan_graph
+    monkeypatch.setattr(backend, "plan_graph", lambda gm, forced=None: planned.append(gm) or real_plan(gm, forced))
+    before = len(fallbacks.LOG)
+    cf, returned = compiled_with_returns(norm_matmul)
+    w = torch.randn(16, 8, dtype=torch.float64)
+    for n in (3, 5, 9, 5, 17):
+        check_step(cf, n, w)
+    assert len(returned) == 2 and not any(isinstance(r, specialize.PerShape) for r in returned)
+    assert len(planned) == 2 * 2          # forward and backward: at 3, then at symbolic sizes for all others
+    assert len(fallbacks.LOG) == before
+
+
+def test_each_new_shape_gets_brrrs_kernels_and_matches_eager(monkeypatch, no_symbolic_plans):
     planned = []
     real_plan = backend.plan_graph
     monkeypatch.setattr(backend, "plan_graph", lambda gm, forced=None: planned.append(gm) or real_plan(gm, forced))
@@ -49,10 +77,10 @@ def test_each_new_shape_gets_brrrs_kernels_and_matches_eager(monkeypatch):
     assert len(per_shape.compiled) == 3                      # 5, 9 and 17: the second 5 reuses its compile
     assert all(fn is not per_shape.eager_forward for fn in per_shape.compiled.values())
     assert len(planned) == 4 * 2                              # forward and backward of each concrete shape
-    assert len(fallbacks.LOG) == before
+    assert [f.reason for f in fallbacks.LOG[before:]] == ["refused by the test"]
 
 
-def test_past_the_bound_shapes_run_the_captured_graph(monkeypatch):
+def test_past_the_bound_shapes_run_the_captured_graph(monkeypatch, no_symbolic_plans):
     monkeypatch.setattr(specialize, "MAX_SHAPES", 2)
     cf, returned = compiled_with_returns(norm_matmul)
     w = torch.randn(16, 8, dtype=torch.float64)

@@ -17,6 +17,7 @@ import torch
 from brrr.compile import ir, mathops
 from brrr.compile.codegen.shim import prelude
 from brrr.compile.indexing import Opaque, linear
+from brrr.compile.sizes import cdiv, expr_text, hint, is_symbolic, known_true, symbols_in
 
 PERSISTENT_MAX = 16384      # reduced elements per row held in registers at once
 PERSISTENT_TILE = 2048      # elements of a persistent reduction's tile when rows are short
@@ -53,6 +54,7 @@ class KernelSource:
         self.name, self.source, self.args, self.grid, self.meta = name, source, args, grid, meta
         self.ops, self.bytes, self.stores = ops, bytes_moved, stores
         self.nodes = tuple(nodes)   # the IR nodes computed inside the kernel (roots and inlined producers)
+        self.symbols = []           # size symbols passed after the pointers (sizes.py), in the source's order
         self.work = None            # pricing.KernelWork: FLOPs, bytes, ATen ops, modules (runtime.generate_all)
 
 
@@ -362,16 +364,16 @@ class Codegen:
         if k.tile:
             return self.gen_tiled(roots)
         n = k.xnumel()
-        xblock = min(1024 if n < (1 << 22) else 2048, next_pow2(n))
+        xblock = min(1024 if hint(n) < (1 << 22) else 2048, next_pow2(hint(n)))
         warps = 4 if xblock <= 1024 else 8
-        self.x_full = n % xblock == 0
+        self.x_full = known_true(n % xblock == 0)
         s = Scope()
         self.store_roots(s, roots)
         head = [f"    xnumel = {n}",
                 f"    xoffset = tl.program_id(0){'.to(tl.int64)' if self.int64 else ''} * XBLOCK",
                 "    xindex = xoffset + tl.arange(0, XBLOCK)",
                 "    xmask = xindex < xnumel"]
-        return head + s.lines, dict(XBLOCK=xblock, num_warps=warps, grid=(math.ceil(n / xblock),))
+        return head + s.lines, dict(XBLOCK=xblock, num_warps=warps, grid=(cdiv(n, xblock),))
 
     def gen_tiled(self, roots):
         """A layout change: [YBLOCK, XBLOCK] tiles, xindex over the kernel's inner dims (the stores' contiguous
@@ -379,11 +381,11 @@ class Codegen:
         shared memory so both sides coalesce."""
         k = self.k
         xn, yn = k.tile_numels()
-        xblock = min(next_pow2(xn), TILE_SIDE)
-        yblock = min(next_pow2(yn), max(TILE_SIDE, TILE_ELEMENTS // xblock))
-        xblock = min(next_pow2(xn), max(xblock, TILE_ELEMENTS // yblock))
-        self.x_full, self.y_full = xn % xblock == 0, yn % yblock == 0
-        xblocks = math.ceil(xn / xblock)
+        xblock = min(next_pow2(hint(xn)), TILE_SIDE)
+        yblock = min(next_pow2(hint(yn)), max(TILE_SIDE, TILE_ELEMENTS // xblock))
+        xblock = min(next_pow2(hint(xn)), max(xblock, TILE_ELEMENTS // yblock))
+        self.x_full, self.y_full = known_true(xn % xblock == 0), known_true(yn % yblock == 0)
+        xblocks = cdiv(xn, xblock)
         s = Scope()
         self.store_roots(s, roots)
         i64 = ".to(tl.int64)" if self.int64 else ""
@@ -397,45 +399,50 @@ class Codegen:
                 "    ymask = yindex < ynumel"]
         warps = 4 if xblock * yblock <= TILE_ELEMENTS else 8
         return head + s.lines, dict(XBLOCK=xblock, YBLOCK=yblock, num_warps=warps,
-                                    grid=(xblocks * math.ceil(yn / yblock),))
+                                    grid=(xblocks * cdiv(yn, yblock),))
 
     def gen_reduction(self, roots, reds):
         k = self.k
         X, R = k.xnumel(), k.rnumel()
-        if 0 < R <= UNROLL_MAX and k.is_column() and not any(r.rtype.startswith("arg") for r in reds):
+        if not is_symbolic(R) and 0 < R <= UNROLL_MAX and k.is_column() \
+                and not any(r.rtype.startswith("arg") for r in reds):
             return self.gen_unrolled(roots, reds)
-        rblock = next_pow2(max(R, 1))
+        # a row of symbolic length is looped: a block holding it whole would hold only rows up to its size
+        rblock = next_pow2(max(hint(R), 1))
         inner_kept = k.is_column()
-        persistent = rblock <= (COLUMN_PERSISTENT_MAX if inner_kept else PERSISTENT_MAX)
+        persistent = not is_symbolic(R) and rblock <= (COLUMN_PERSISTENT_MAX if inner_kept else PERSISTENT_MAX)
         arg = any(r.rtype.startswith("arg") for r in reds)
-        if arg or (inner_kept and X <= FEW_COLUMNS and rblock <= FEW_COLUMNS_RMAX):
+        if arg and is_symbolic(R):
+            raise NotImplementedError("an arg-reduction over a row of symbolic length")
+        if arg or (inner_kept and hint(X) <= FEW_COLUMNS and rblock <= FEW_COLUMNS_RMAX and not is_symbolic(R)):
             # few columns (a split reduction's partials): looped, a handful of programs would each wait on one
             # load per step (the second kernel of channels_last batch-norm statistics: 4 programs, ~10 us)
             persistent = True
         # rows held whole leave a program 1-2 rows; an input read across them (a transposed gradient) would
         # then fetch a 32-byte sector per 2-byte element. Looped [32, 64] tiles read 64 bytes along the rows
         # for that input and 128 along them for the others, at the cost of a second pass over the rows.
-        across = k.across and not inner_kept and persistent and not arg and X >= ACROSS_MIN_X and R > ACROSS_TILE[1]
+        across = k.across and not inner_kept and persistent and not arg and hint(X) >= ACROSS_MIN_X \
+            and hint(R) > ACROSS_TILE[1]
         if across:
             persistent = False
         if persistent:
             # tiles of ~2048 elements: the seed MLP's layer norm (rows of 1024, written over the matmul's output)
             # took 18.6 us as 2 rows x 4 warps, 21.4 as 4 rows x 8 warps (results/probes/...-66852fc-layer-norm-in-context.log)
-            xblock = max(1, min(next_pow2(X), max(1, PERSISTENT_TILE // rblock),
+            xblock = max(1, min(next_pow2(hint(X)), max(1, PERSISTENT_TILE // rblock),
                                 COLUMN_XBLOCK if inner_kept else 4096))
         else:
             rblock = COLUMN_RBLOCK if inner_kept else LOOPED_RBLOCK
             xblock = COLUMN_XBLOCK if inner_kept else 1
             if across:
-                xblock, rblock = ACROSS_TILE if X >= ACROSS_TILE[0] * FEW_PROGRAMS else FEW_PROGRAMS_TILE
-            elif inner_kept and X < COLUMN_XBLOCK * FEW_PROGRAMS:
+                xblock, rblock = ACROSS_TILE if hint(X) >= ACROSS_TILE[0] * FEW_PROGRAMS else FEW_PROGRAMS_TILE
+            elif inner_kept and hint(X) < COLUMN_XBLOCK * FEW_PROGRAMS:
                 # columns enough for only a few hundred [64, 32] programs (a layer norm's backward over a
                 # transposed gradient: 196 programs for 12544 rows) leave each SM a program or two waiting on
                 # its loads; narrower, longer tiles give four times the programs, still a sector per load
                 xblock, rblock = FEW_PROGRAMS_TILE
         tile = xblock * rblock
         warps = 2 if tile <= 256 else 4 if tile <= 2048 else 8 if tile <= 8192 else 16
-        self.x_full, self.r_full = X % xblock == 0, R % rblock == 0 and R > 0
+        self.x_full, self.r_full = known_true(X % xblock == 0), known_true(R % rblock == 0) and known_true(R > 0)
         head = self.reduction_head(X, R)
         full_idx = k.full_index()
         rows, fulls = self.pointwise_roots(roots)
@@ -446,7 +453,7 @@ class Codegen:
                 ident = self.identity(r) if cdt != torch.bool else ("1" if r.rtype == "min" else "0")
                 self.finish_reduction(s, r, f"tl.full([XBLOCK, 1], {ident}, {TL[self.acc_dtype(r)]})")
             self.store_rows_and_reductions(s, reds, rows)
-            return head + s.lines, dict(XBLOCK=xblock, RBLOCK=1, num_warps=warps, grid=(math.ceil(X / xblock),))
+            return head + s.lines, dict(XBLOCK=xblock, RBLOCK=1, num_warps=warps, grid=(cdiv(X, xblock),))
         if persistent:
             s.lines.append("    rindex = tl.arange(0, RBLOCK)[None, :]")
             s.lines.append("    rmask = rindex < rnumel")
@@ -457,7 +464,7 @@ class Codegen:
             for r in fulls:
                 self.store(s, r, full_idx, self.value(s, r(full_idx)))
             return head + s.lines, dict(XBLOCK=xblock, RBLOCK=rblock, num_warps=warps,
-                                        grid=(math.ceil(X / xblock),))
+                                        grid=(cdiv(X, xblock),))
         levels = self.levels(reds)
         online = self.online_softmax_pairs(s, reds, levels)   # max reduction -> the sum of exp it feeds
         for lvl in sorted(set(levels.values())):
@@ -498,7 +505,7 @@ class Codegen:
             for r in fulls:
                 self.store(loop, r, full_idx, self.value(loop, r(full_idx)))
             s.lines.extend(loop.lines)
-        return head + s.lines, dict(XBLOCK=xblock, RBLOCK=rblock, num_warps=warps, grid=(math.ceil(X / xblock),))
+        return head + s.lines, dict(XBLOCK=xblock, RBLOCK=rblock, num_warps=warps, grid=(cdiv(X, xblock),))
 
     def gen_unrolled(self, roots, reds):
         """A column reduction over a few elements (a 3x3 pooling window): one lane per kept element, like a
@@ -508,9 +515,9 @@ class Codegen:
         window reductions of inception_v3 ran at ~2% of copy bandwidth, bound by index arithmetic."""
         k = self.k
         X, R = k.xnumel(), k.rnumel()
-        xblock = min(1024, next_pow2(X))
+        xblock = min(1024, next_pow2(hint(X)))
         warps = max(1, min(4, xblock // 256))
-        self.x_full, self.r_full = X % xblock == 0, True
+        self.x_full, self.r_full = known_true(X % xblock == 0), True
         s = Scope()
         levels = self.levels(reds)
         for lvl in sorted(set(levels.values())):
@@ -529,7 +536,7 @@ class Codegen:
                 idx = k.full_index(j)
                 self.store(s, r, idx, self.value(s, r(idx)))
         return self.reduction_head(X, R) + s.lines, dict(XBLOCK=xblock, RBLOCK=1, num_warps=warps,
-                                                          grid=(math.ceil(X / xblock),))
+                                                          grid=(cdiv(X, xblock),))
 
     def combine(self, r, a, b):
         """Source combining two partial results of reduction `r` (sum, prod, max, min)."""
@@ -616,7 +623,7 @@ def literal(x, dtype):
         if math.isinf(x):
             return "float('inf')" if x > 0 else "float('-inf')"
         return repr(x)
-    return str(int(x))
+    return expr_text(x)
 
 
 def generate(kernel, stored, load_stored, kernel_of):
@@ -641,9 +648,12 @@ def generate(kernel, stored, load_stored, kernel_of):
         ir.LOAD_STORED = prev
     args = list(cg.inputs) + list(cg.outputs)
     names = [cg.inputs[a] for a in cg.inputs] + [cg.outputs[a] for a in cg.outputs]
+    # size symbols the body names are arguments after the pointers; never specialized (a value of 1, or
+    # divisible by 16, must not pick a kernel the next call's sizes would break)
+    symbols = symbols_in("\n".join(body))
     consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if kernel.dims else []) + \
         (["YBLOCK: tl.constexpr"] if kernel.tile else [])
-    sig = ", ".join(names + consts)
+    sig = ", ".join(names + symbols + consts)
     comment = f"# kernel {kernel.name}: iteration space {list(kernel.shape)}"
     if kernel.dims:
         comment += f", reducing dims {list(kernel.dims)}"
@@ -652,12 +662,15 @@ def generate(kernel, stored, load_stored, kernel_of):
     if kernel.tile:
         comment += f", tiles of dims {list(kernel.loop_order()[:kernel.tile])} (x) by the rest (y)"
     src = "\n".join(["import triton", "import triton.language as tl", "", comment, prelude(cg.helpers), "",
-                     "@triton.jit", f"def {kernel.name}({sig}):"] + body) + "\n"
+                     f"@triton.jit{f'(do_not_specialize={symbols})' if symbols else ''}",
+                     f"def {kernel.name}({sig}):"] + body) + "\n"
     ops = []
     for n in sorted(cg.ops_nodes, key=lambda n: n.name):
         ops.extend(o for o in n.ops if o not in ("view", "_unsafe_view", "alias"))
-    return KernelSource(kernel.name, src, args, meta.pop("grid"), meta, sorted(set(ops)), 0,
-                        list(cg.outputs), sorted(cg.ops_nodes, key=lambda n: n.name)), cg.external_reduce_refs
+    out = KernelSource(kernel.name, src, args, meta.pop("grid"), meta, sorted(set(ops)), 0,
+                       list(cg.outputs), sorted(cg.ops_nodes, key=lambda n: n.name))
+    out.symbols = symbols
+    return out, cg.external_reduce_refs
 
 
 def needs_int64(kernel, cg):

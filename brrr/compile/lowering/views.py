@@ -6,6 +6,7 @@ import torch
 from brrr.compile import ir, layout
 from brrr.compile.indexing import Ix, Term, contiguous_strides, linear, unflatten
 from brrr.compile.ir import Const, IndexValue, Op
+from brrr.compile.sizes import same
 from brrr.compile.lower import (NotLowered, cast, check_index_input, fake, ge, indirect, lt, masked, meta, op_name,
                                 pw, register, register_prim, value_of, view_node, wrap_negative)
 
@@ -16,7 +17,7 @@ from brrr.compile.lower import (NotLowered, cast, check_index_input, fake, ge, i
 def lower_view(L, fx, x, *rest):
     m = meta(fx)
     shape = tuple(m.shape)
-    if tuple(x.shape) == shape:
+    if same(x.shape, shape):
         return view_node(L, fx, x, lambda idx: x(idx))
     src_shape = tuple(x.shape)
     strides = contiguous_strides(shape)

@@ -1,0 +1,147 @@
+"""Dynamic shapes (brrr/compile/sizes.py): a graph Dynamo captures with symbolic sizes is planned once at those
+sizes, its kernels take the sizes as arguments, and every later shape runs brrr's kernels, equal to eager."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from brrr.compile import backend, fallbacks, launch, specialize
+from brrr.compile.backend import make_backend
+
+
+class Attention(torch.nn.Module):
+    """BERT-style: qkv projection, softmax attention over the sequence, output projection, residual and
+    layer norm."""
+
+    def __init__(self, d=32, heads=2):
+        super().__init__()
+        self.qkv, self.out, self.norm, self.heads = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d), \
+            torch.nn.LayerNorm(d), heads
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, dim=-1) @ v
+        return self.norm(x + self.out(a.transpose(1, 2).reshape(b, s, d)))
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts: brrr's plans (one per graph compiled), kernel launches, and graph-scope fallbacks."""
+    seen = {"plans": 0, "launches": 0}
+    real_plan, real_call = backend.plan_graph, launch.Launcher.__call__
+
+    def plan(gm, forced=None):
+        seen["plans"] += 1
+        return real_plan(gm, forced)
+
+    def call(self, *args, **kw):
+        seen["launches"] += 1
+        return real_call(self, *args, **kw)
+    monkeypatch.setattr(backend, "plan_graph", plan)
+    monkeypatch.setattr(launch.Launcher, "__call__", call)
+    seen["fallbacks_before"] = len(fallbacks.LOG)
+    torch._dynamo.reset()
+    return seen
+
+
+def test_one_compile_serves_every_sequence_length_with_brrrs_kernels(counted):
+    torch.manual_seed(0)
+    model = Attention().eval()
+    compiled = torch.compile(model, backend=make_backend())
+    with torch.no_grad():
+        for length in (1, 2, 17, 128, 300):
+            x = torch.randn(2, length, 32)
+            launches = counted["launches"]
+            torch.testing.assert_close(compiled(x), model(x), atol=2e-5, rtol=2e-5)
+            assert counted["launches"] > launches, f"length {length} ran no brrr kernel"
+    # length 1 compiles as a static graph; the first change recompiles once at symbolic sizes, for all others
+    assert counted["plans"] == 2
+    assert len(fallbacks.LOG) == counted["fallbacks_before"]
+
+
+def test_a_training_step_at_changing_lengths_matches_eager(counted):
+    torch.manual_seed(0)
+    model = Attention()
+    ours = Attention()
+    ours.load_state_dict(model.state_dict())
+    compiled = torch.compile(ours, backend=make_backend())
+    for length in (3, 9, 33):
+        x = torch.randn(2, length, 32)
+        y = compiled(x)
+        y.square().sum().backward()
+        want = model(x)
+        want.square().sum().backward()
+        torch.testing.assert_close(y, want, atol=2e-5, rtol=2e-5)
+        for (name, p), q in zip(model.named_parameters(), ours.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, atol=2e-4, rtol=2e-4, msg=name)
+            p.grad = q.grad = None
+    assert counted["plans"] == 2 * 2   # forward and backward: static at 3, then symbolic for 9 and 33
+
+
+def _row_sum(x):
+    return x.sum(-1) * 2
+
+
+def _column_sum(x):
+    return (x * x).sum(0)
+
+
+def _softmax_rows(x):
+    return torch.softmax(x, dim=0)
+
+
+def _cat(x):
+    return torch.cat([x, x * 2, x[:1]], dim=0)
+
+
+def _pad(x):
+    return F.pad(x, (1, 2, 0, 3)) + 1
+
+
+def _slice(x):
+    return x[1:-1, ::2] * 3
+
+
+def _reshape(x):
+    return (x.reshape(-1) + 1).reshape(x.shape[0], 3, 2).sum(-1)
+
+
+@pytest.mark.parametrize("fn", [_row_sum, _column_sum, _softmax_rows, _cat, _pad, _slice, _reshape],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_ops_over_a_dynamic_dim_match_eager_at_every_size(fn, counted):
+    compiled = torch.compile(fn, backend=make_backend(), dynamic=True)
+    for rows in (5, 17, 1, 0, 2):
+        x = torch.randn(rows, 6, dtype=torch.float64)
+        if fn is _slice and rows < 2:
+            continue   # x[1:-1] of fewer than 2 rows is empty: checked at 2
+        torch.testing.assert_close(compiled(x), fn(x))
+    returned = [r for r in counted.get("returned", [])]
+    assert not returned or not any(isinstance(r, specialize.PerShape) for r in returned)
+    # 5 and 17 share the symbolic compile; 0 and 1 are sizes Dynamo specializes on; 2 shares the first again
+    assert counted["plans"] <= 3
+    assert len(fallbacks.LOG) == counted["fallbacks_before"]
+
+
+def test_mark_dynamic_batch_of_an_mlp_compiles_once(counted):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16)).eval()
+    compiled = torch.compile(model, backend=make_backend())
+    with torch.no_grad():
+        for batch in (3, 64, 1000):
+            x = torch.randn(batch, 16)
+            torch._dynamo.mark_dynamic(x, 0)
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    assert counted["plans"] == 1
+
+
+def test_a_kernels_sizes_are_arguments_never_specialized():
+    """The generated source names the size symbols as parameters that Triton must not specialize on (a size
+    of 1, or one divisible by 16, would otherwise pick a variant another size breaks)."""
+    import brrr
+
+    ex = brrr.explain(lambda x: torch.relu(x) * 2, torch.randn(6, 8), dynamic=True)
+    (kernel,) = ex.kernels
+    assert "do_not_specialize=" in kernel.source and "xnumel = " in kernel.source
+    line = next(ln for ln in kernel.source.splitlines() if ln.strip().startswith("xnumel = "))
+    assert not line.split("=")[1].strip().isdigit()   # the element count is an expression of the sizes
