@@ -190,15 +190,20 @@ def _dynamo_graph_fallback(reason, eager_forward, sink):
     return eager_forward
 
 
-def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, matmul_templates=None, **options):
+def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, matmul_templates=None, symbolic_sizes=None,
+                 **options):
     """The Dynamo backend: AOTAutograd (core-ATen decompositions, min-cut partitioner) around compile_graph;
     plain graphs then run from brrr's lean runtime instead of AOTAutograd's wrappers (lean_autograd.py).
     A graph brrr cannot compile (GraphFallback) runs as Dynamo captured it: `gm.forward`, taken before any
-    pass here changes the graph. A graph of symbolic sizes is compiled once per shape (specialize.py)."""
+    pass here changes the graph. A graph of symbolic sizes is compiled once per shape (specialize.py), or, with
+    `symbolic_sizes`, once at those sizes (sizes.py)."""
     eager_forward = gm.forward   # bound now: the passes below recompile gm, this keeps the captured code
     reason = graph_refusal(gm, example_inputs, planning_only=_sink is not None)
-    if reason == SYMBOLIC and (_sink is not None or device_refusal(gm, example_inputs) is None):
-        # one compile at symbolic sizes (sizes.py); where brrr cannot plan it so, once per shape
+    if symbolic_sizes is None:
+        symbolic_sizes = os.environ.get("BRRR_SYMBOLIC_SIZES") == "1"
+    if reason == SYMBOLIC and symbolic_sizes and (_sink is not None or device_refusal(gm, example_inputs) is None):
+        # opt-in: one compile at symbolic sizes (sizes.py); where brrr cannot plan it so, once per shape. Not
+        # the default: on an H200 BERT at changing lengths ran 1.5x eager's time so (benchmarks/NOTES.md)
         try:
             compiled = _compile_static(copy_graph_module(gm), example_inputs, eager_forward, cuda_graphs, _sink,
                                        matmul_templates, symbolic_sizes=True)
@@ -209,10 +214,10 @@ def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, matmul_temp
             compiled = None
         if compiled is not None:
             return compiled
-        if _sink is None:
-            return PerShape(gm, functools.partial(_compile_static, eager_forward=eager_forward,
-                                                  cuda_graphs=cuda_graphs, matmul_templates=matmul_templates),
-                            eager_forward)
+    if reason == SYMBOLIC and _sink is None and device_refusal(gm, example_inputs) is None:
+        return PerShape(gm, functools.partial(_compile_static, eager_forward=eager_forward,
+                                              cuda_graphs=cuda_graphs, matmul_templates=matmul_templates),
+                        eager_forward)
     if reason:
         return _dynamo_graph_fallback(reason, eager_forward, _sink)
     return _compile_static(gm, example_inputs, eager_forward, cuda_graphs, _sink, matmul_templates)
@@ -304,10 +309,12 @@ def compile(model, **options):
     """torch.compile(model, backend=brrr with `options`). cuda_graphs: "auto" (default: each graph replays from
     a CUDA graph when timing shows that is faster, replay_choice.py), True (always, once its inputs allow) or
     False (never). matmul_templates: "off", "always" or "auto" (matmul_choice.py; default: BRRR_MATMUL_TEMPLATES,
-    off when unset): whether a matmul and its epilogue run as one brrr kernel."""
+    off when unset): whether a matmul and its epilogue run as one brrr kernel. symbolic_sizes: True plans a graph
+    Dynamo captures with symbolic sizes once, at those sizes (sizes.py), instead of once per shape (the default,
+    BRRR_SYMBOLIC_SIZES=1 turns it on)."""
     from brrr.compile.matmul_choice import MODES
 
-    unknown = set(options) - {"cuda_graphs", "matmul_templates"}
+    unknown = set(options) - {"cuda_graphs", "matmul_templates", "symbolic_sizes"}
     if unknown:
         raise TypeError(f"unknown brrr.compile options: {sorted(unknown)}")
     if options.get("cuda_graphs", "auto") not in CUDA_GRAPHS:

@@ -15,11 +15,11 @@ def norm_matmul(x, w):
     return torch.nn.functional.layer_norm(x, x.shape[-1:]) * x.var(-1, keepdim=True) @ w
 
 
-def compiled_with_returns(fn):
+def compiled_with_returns(fn, **options):
     returned = []
 
     def spy(gm, example_inputs):
-        out = brrr_backend(gm, example_inputs)
+        out = brrr_backend(gm, example_inputs, **options)
         returned.append(out)
         return out
     torch._dynamo.reset()
@@ -39,7 +39,8 @@ def check_step(cf, n, w):
 
 @pytest.fixture
 def no_symbolic_plans(monkeypatch):
-    """brrr cannot plan any graph at symbolic sizes: the per-shape path takes them."""
+    """Asked to, brrr cannot plan any graph at symbolic sizes: the per-shape path takes them."""
+    monkeypatch.setenv("BRRR_SYMBOLIC_SIZES", "1")
     real = backend.compile_graph
 
     def refuse(gm, example_inputs, *args, symbolic_sizes=False, **kw):
@@ -54,7 +55,7 @@ def test_one_symbolic_compile_serves_every_later_shape(monkeypatch):
     real_plan = backend.plan_graph
     monkeypatch.setattr(backend, "plan_graph", lambda gm, forced=None: planned.append(gm) or real_plan(gm, forced))
     before = len(fallbacks.LOG)
-    cf, returned = compiled_with_returns(norm_matmul)
+    cf, returned = compiled_with_returns(norm_matmul, symbolic_sizes=True)
     w = torch.randn(16, 8, dtype=torch.float64)
     for n in (3, 5, 9, 5, 17):
         check_step(cf, n, w)
