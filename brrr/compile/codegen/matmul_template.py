@@ -224,6 +224,22 @@ def grouped_tile(tile):
     ]
 
 
+def parameters(own, reserved, pointers, store_product, epilogue, order, what):
+    """A template kernel's parameters in order: the pointers (`pointers` = (a, b, out) names, out only when
+    `store_product`) and the epilogue's, in `order` when the caller gives one, then the sizes and strides not
+    baked in (`own`). `reserved`: the template's constexprs and locals, which no epilogue parameter may take."""
+    a_name, b_name, out_name = pointers
+    taken = set(own + reserved + (a_name, b_name) + ((out_name,) if store_product else ())) & set(epilogue.params)
+    if taken:
+        raise ValueError(f"epilogue {epilogue.name!r}: parameters {sorted(taken)} are the template's names")
+    pointer_params = (a_name, b_name) + ((out_name,) if store_product else ()) + tuple(epilogue.params)
+    if order is not None:
+        if sorted(order) != sorted(pointer_params):
+            raise ValueError(f"{what}: order {list(order)} is not a permutation of {list(pointer_params)}")
+        pointer_params = tuple(order)
+    return pointer_params + own
+
+
 OWN = ("M", "N", "K", "stride_ab", "stride_am", "stride_ak", "stride_bb", "stride_bk", "stride_bn",
        "stride_ob", "stride_om", "stride_on")   # the sizes and strides the template reads
 
@@ -253,16 +269,8 @@ def generate(dtype, epilogue=None, *, tf32=False, wide=False, interpreted=False,
     baked = dict(baked or {})
     a_name, b_name, out_name = pointers or ("a_ptr", "b_ptr", "out_ptr")
     own = tuple(p for p in OWN if p not in baked)
-    taken = set(own + CONSTEXPRS + LOCALS + (a_name, b_name) + ((out_name,) if store_product else ())) \
-        & set(epilogue.params)
-    if taken:
-        raise ValueError(f"epilogue {epilogue.name!r}: parameters {sorted(taken)} are the template's names")
-    pointer_params = (a_name, b_name) + ((out_name,) if store_product else ()) + tuple(epilogue.params)
-    if order is not None:
-        if sorted(order) != sorted(pointer_params):
-            raise ValueError(f"matmul template: order {list(order)} is not a permutation of {list(pointer_params)}")
-        pointer_params = tuple(order)
-    params = pointer_params + own
+    params = parameters(own, CONSTEXPRS + LOCALS, (a_name, b_name, out_name), store_product, epilogue, order,
+                        "matmul template")
     i64 = ".to(tl.int64)" if wide else ""
     widen_operands = dtype == torch.bfloat16 and interpreted
     if dtype == torch.float32 or widen_operands:

@@ -20,7 +20,8 @@ before its masked store through the output's strides.
 
 import torch
 
-from brrr.compile.codegen.matmul_template import Epilogue, MatmulSource, Tile, grouped_tile, kernel_name
+from brrr.compile.codegen.matmul_template import (Epilogue, MatmulSource, Tile, grouped_tile, kernel_name,
+                                                  parameters)
 from brrr.compile.codegen.shim import prelude
 
 DTYPES = (torch.float16, torch.bfloat16)   # wgmma reads 16-bit tiles in either orientation from shared memory
@@ -49,16 +50,8 @@ def generate_tma(dtype, epilogue=None, *, wide=False, interpreted=False, baked=N
     baked = dict(baked or {})
     a_name, b_name, out_name = pointers or ("a_desc", "b_desc", "out_ptr")
     own = tuple(p for p in OWN if p not in baked)
-    taken = set(own + CONSTEXPRS + LOCALS + (a_name, b_name) + ((out_name,) if store_product else ())) \
-        & set(epilogue.params)
-    if taken:
-        raise ValueError(f"epilogue {epilogue.name!r}: parameters {sorted(taken)} are the template's names")
-    pointer_params = (a_name, b_name) + ((out_name,) if store_product else ()) + tuple(epilogue.params)
-    if order is not None:
-        if sorted(order) != sorted(pointer_params):
-            raise ValueError(f"TMA template: order {list(order)} is not a permutation of {list(pointer_params)}")
-        pointer_params = tuple(order)
-    params = pointer_params + own
+    params = parameters(own, CONSTEXPRS + LOCALS, (a_name, b_name, out_name), store_product, epilogue, order,
+                        "TMA template")
     widen = dtype == torch.bfloat16 and interpreted
     if widen:
         dot = "acc = tl.dot(a, b, acc, input_precision=\"ieee\")"
