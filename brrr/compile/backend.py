@@ -131,7 +131,7 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
     forced, replans = {}, []
 
     def attempt():
-        with sizes.planning():
+        with sizes.planning(), sizes.recording_guards(example_inputs if symbolic_sizes else (), graph_kind, sink):
             return plan_and_build()
 
     def plan_and_build():

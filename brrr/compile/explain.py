@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from brrr.compile.sizes import hint
+
 
 @dataclass
 class KernelInfo:
@@ -80,6 +82,7 @@ class Explanation:
     linear_losses: list = field(default_factory=list)  # linear_cross_entropy_pass.Rewrite: losses without logits
     matmuls: list = field(default_factory=list)      # MatmulInfo: each matmul, cuBLAS or a template kernel
     runtimes: list = field(default_factory=list)     # (inference | training, why AOTAutograd's runtime or None)
+    guards: list = field(default_factory=list)       # (graph, guard): what planning at symbolic sizes assumed
 
     def planned(self, kind, gm, plan, kernels):
         """compile_graph's sink: one planned graph."""
@@ -131,6 +134,10 @@ class Explanation:
             lines.append("fallbacks while compiling in this process (kernel and graph scope):")
             for f in self.seen:
                 lines.append(f"  [{f.graph}] {f.scope}: {f.what}: {f.reason}")
+        if self.guards:
+            lines.append("guards brrr added planning at symbolic sizes (a call breaking one recompiles):")
+            for g, guard in self.guards:
+                lines.append(f"  [{g}] {guard}")
         if self.runtimes:
             lines.append("runtime around the compiled graphs:")
             for kind, why in self.runtimes:
@@ -178,8 +185,8 @@ def _fx_cost(fx):
     from brrr.cost.ops import op_cost
     args = torch.fx.node.map_arg(fx.args, lambda a: a.meta.get("val"))
     kwargs = torch.fx.node.map_arg(fx.kwargs, lambda a: a.meta.get("val"))
-    try:
-        return op_cost(fx.target, args, kwargs, fx.meta.get("val")).bytes
+    try:   # at the hint sizes where they are symbolic: a report's number
+        return hint(op_cost(fx.target, args, kwargs, fx.meta.get("val")).bytes)
     except Exception:
         return 0
 
@@ -247,7 +254,7 @@ def _matmul_info(kind, mm, ks):
         return MatmulInfo(kind, op, size, dtype, "cuBLAS")
     kind_of = "TMA template" if getattr(ks, "tma", None) else "template"
     tile = f"{kind_of} {ks.meta['BLOCK_M']}x{ks.meta['BLOCK_N']}x{ks.meta['BLOCK_K']}"
-    product = tensor_bytes(mm.meta["fake"])
+    product = hint(tensor_bytes(mm.meta["fake"]))
     saved = product if mm in ks.stores else 2 * product
     epilogue = [o for o in ks.ops if o not in mm.ops]
     return MatmulInfo(kind, op, size, dtype, tile, epilogue, saved, ks.name)

@@ -140,3 +140,39 @@ def fixed_value(name, placeholders):
                     raise LookupError(f"size symbol {name} is neither an input's size nor fixed by a guard")
                 return _printer().doprint(fixed)
     raise LookupError(f"size symbol {name}: no symbolic input to read its ShapeEnv from")
+
+
+GUARDS = []   # (graph kind, guard source) brrr's planning added to Dynamo's guards, process-wide, latest 1000
+
+
+def shape_env_of(values):
+    """The ShapeEnv behind the first symbolic size among `values` (graph inputs), or None."""
+    for v in values:
+        sizes_of = [v] if isinstance(v, torch.SymInt) else list(getattr(v, "shape", ())) if isinstance(
+            v, torch.Tensor) else []
+        for x in sizes_of:
+            if isinstance(x, torch.SymInt):
+                return x.node.shape_env
+    return None
+
+
+@contextlib.contextmanager
+def recording_guards(values, kind, sink=None):
+    """Records the guards added to the ShapeEnv of `values` while the block runs (brrr's own, when the block
+    plans a graph): in GUARDS, and in `sink.guards` (explain) when the sink keeps them."""
+    env = shape_env_of(values)
+    start = len(env.guards) if env is not None else 0
+    try:
+        yield
+    finally:
+        if env is not None:
+            added = [(kind, expr_text_of(g.expr)) for g in env.guards[start:]]
+            GUARDS.extend(added)
+            del GUARDS[:-1000]
+            if hasattr(sink, "guards"):
+                sink.guards.extend(added)
+
+
+def expr_text_of(expr):
+    """A sympy expression of sizes as Python source."""
+    return _printer().doprint(expr)

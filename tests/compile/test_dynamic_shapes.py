@@ -158,3 +158,16 @@ def test_by_default_each_shape_gets_its_own_compile(counted):
         x = torch.randn(rows, 6, dtype=torch.float64)
         torch.testing.assert_close(compiled(x), _row_sum(x))
     assert counted["plans"] == 2
+
+
+def test_explain_lists_the_guards_brrrs_plan_adds(monkeypatch):
+    """Every guard planning at symbolic sizes adds is listed: here the int32 index bound of each kernel, and none
+    that pins a size to the value it was traced at."""
+    import brrr
+
+    monkeypatch.setenv("BRRR_SYMBOLIC_SIZES", "1")
+    torch._dynamo.reset()
+    ex = brrr.explain(lambda x: torch.softmax(x, -1) * 2, torch.randn(6, 10), dynamic=True)
+    assert ex.kernels and ex.guards and "guards brrr added" in str(ex)
+    assert any("1073741823" in guard for _, guard in ex.guards)
+    assert not any(guard.startswith("Eq(") and guard.endswith(", 6)") for _, guard in ex.guards)
