@@ -32,7 +32,8 @@ class Term:
             m = self.mod - 1
         elif self.brange is None:
             return None
-        elif known_true(self.brange % self.div == 0):   # exact: (B - 1) // d == B // d - 1, which sympy simplifies
+        elif type(self.brange) is not int and known_true(self.brange % self.div == 0):
+            # symbolic and exact: (B - 1) // d == B // d - 1, which sympy simplifies where it cannot the former
             m = self.brange // self.div - 1
         else:
             m = (self.brange - 1) // self.div

@@ -17,6 +17,7 @@ graph's inputs.
 """
 
 import contextlib
+import functools
 import re
 
 import torch
@@ -38,10 +39,16 @@ def hint(x):
 def expr_text(x):
     """A size as a Python/Triton expression over the size symbols (`32*s27`), or its decimal digits."""
     if isinstance(x, torch.SymInt):
-        return _printer().doprint(x.node.expr)
+        return expr_text_of(x.node.expr)
     return str(int(x))
 
 
+def expr_text_of(expr):
+    """A sympy expression of sizes as Python source."""
+    return _printer().doprint(expr)
+
+
+@functools.cache
 def _printer():
     from torch.utils._sympy.printers import PythonPrinter
 
@@ -54,13 +61,6 @@ def _printer():
         def _print_Min(self, expr):
             return f"min({', '.join(self._print(a) for a in expr.args)})"
     return SizePrinter()
-
-
-def symbols_of(x):
-    """The names of the size symbols `x` depends on."""
-    if isinstance(x, torch.SymInt):
-        return {str(s) for s in x.node.expr.free_symbols}
-    return set()
 
 
 def known_true(cond):
@@ -119,27 +119,27 @@ def same(a, b):
     """Whether two shapes (or any sequences of sizes) are equal for every size the graph may be called with,
     as far as the ShapeEnv proves without a guard: a planner's "same iteration space" must not specialize."""
     a, b = tuple(a), tuple(b)
-    return len(a) == len(b) and all(x is y or known_true(x == y) for x, y in zip(a, b))
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if type(x) is int and type(y) is int:   # a static graph's sizes: compared as they are
+            if x != y:
+                return False
+        elif not (x is y or known_true(x == y)):
+            return False
+    return True
 
 
 def fixed_value(name, placeholders):
     """Source of the value a guard gave size symbol `name` (`s27` -> `16`, or an expression of other symbols),
     read from the ShapeEnv of the graph whose `placeholders` are given. Raises LookupError if none did."""
-    import sympy
-
-    for fx in placeholders:
-        v = fx.meta.get("val")
-        sizes_of = [v] if isinstance(v, torch.SymInt) else list(getattr(v, "shape", ())) + list(
-            v.stride() if isinstance(v, torch.Tensor) else ())
-        for x in sizes_of:
-            if isinstance(x, torch.SymInt):
-                env = x.node.shape_env
-                fixed = env.replacements.get(sympy.Symbol(name, integer=True, positive=True)) \
-                    or next((r for s, r in env.replacements.items() if str(s) == name), None)
-                if fixed is None:
-                    raise LookupError(f"size symbol {name} is neither an input's size nor fixed by a guard")
-                return _printer().doprint(fixed)
-    raise LookupError(f"size symbol {name}: no symbolic input to read its ShapeEnv from")
+    env = shape_env_of(fx.meta.get("val") for fx in placeholders)
+    if env is None:
+        raise LookupError(f"size symbol {name}: no symbolic input to read its ShapeEnv from")
+    fixed = next((r for s, r in env.replacements.items() if str(s) == name), None)
+    if fixed is None:
+        raise LookupError(f"size symbol {name} is neither an input's size nor fixed by a guard")
+    return expr_text_of(fixed)
 
 
 GUARDS = []   # (graph kind, guard source) brrr's planning added to Dynamo's guards, process-wide, latest 1000
@@ -171,8 +171,3 @@ def recording_guards(values, kind, sink=None):
             del GUARDS[:-1000]
             if hasattr(sink, "guards"):
                 sink.guards.extend(added)
-
-
-def expr_text_of(expr):
-    """A sympy expression of sizes as Python source."""
-    return _printer().doprint(expr)
