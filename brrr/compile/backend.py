@@ -124,8 +124,7 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
 
     reason = graph_refusal(gm, planning_only=sink is not None)
     if reason == SYMBOLIC and symbolic_sizes:
-        reason = None
-        cuda_graphs = False   # a captured graph replays the sizes it was captured at
+        reason = None   # planned at symbolic sizes; CUDA graphs are then captured per shape (runtime.py)
     if reason:
         raise GraphFallback(reason)
     forced, replans = {}, []

@@ -19,6 +19,11 @@ stops being bound by the host. What a replay must get right:
   backwards) pays one per pending forward.
 - Capture runs on the second call (the first one checked the kernels) with thread-local capture mode,
   because a backward graph is captured on autograd's device thread while other threads may run.
+- A graph planned at symbolic sizes captures one CUDA graph per shape it replays (runtime.CompiledGraph), and
+  those graphs share one memory pool (`SharedPool`): the graph's memory is the largest shape's, not the sum of
+  all. Any one of them replaying may then overwrite what another left in the pool, which is harmless for
+  outputs copied out, and for lent outputs is why every pending loan of the pool is settled before any
+  member replays.
 """
 
 import weakref
@@ -87,16 +92,38 @@ def _copy_keeping_layout(t):
     return copy.set_(t.untyped_storage().clone(), t.storage_offset(), t.size(), t.stride())
 
 
+class SharedPool:
+    """The CUDA memory pool that several GraphedCalls capture into (one per shape of a symbolic graph), and the
+    members whose loans any one's replay must settle first."""
+
+    def __init__(self):
+        self.handle = None    # the first member's pool, once it has captured
+        self.members = []     # weak references to the GraphedCalls capturing into it
+
+    def join(self, graphed):
+        self.members.append(weakref.ref(graphed))
+
+    def settle_loans(self):
+        for ref in self.members:
+            member = ref()
+            if member is not None and member.loans:
+                member._settle_loans()
+
+
 class GraphedCall:
     """`graphed(args)` -> outputs replayed from a CUDA graph, or None when these args cannot use it.
 
     Outputs at the positions in `lend` are returned uncopied; the caller tracks them with `track(Loan)`.
     Inputs at the positions in `pin` are another graph's lent outputs (a backward reading what its forward
     saved): they are read where they are, and the graph is used only while `pinned_ready` says they are
-    still the lent memory (no replay of the forward has copied them away since)."""
+    still the lent memory (no replay of the forward has copied them away since). `pool`: a SharedPool to capture
+    into, shared with other GraphedCalls (else the graph's memory is its own)."""
 
-    def __init__(self, call, first_args, lend=(), pin=()):
+    def __init__(self, call, first_args, lend=(), pin=(), pool=None):
         self.call, self.first_ptrs = call, data_ptrs(first_args)
+        self.pool = pool
+        if pool is not None:
+            pool.join(self)
         self.graph, self.failed, self.refusals = None, False, 0
         self.lend, self.loans = frozenset(lend), []
         self.pin, self.pinned_ready = frozenset(pin), True
@@ -127,7 +154,9 @@ class GraphedCall:
             if args[i].data_ptr() != ptr:
                 self.refusals += 1
                 return None
-        if self.loans:
+        if self.pool is not None:
+            self.pool.settle_loans()   # any member's memory may be this replay's
+        elif self.loans:
             self._settle_loans()   # before anything overwrites the graph's memory
         for i, static, ptr in self.copied_in:
             a = args[i]
@@ -152,8 +181,11 @@ class GraphedCall:
             self.static_ptrs = data_ptrs(self.static)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            pool = self.pool.handle if self.pool is not None else None
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                 self.static_out = self.call(self.static)
+            if self.pool is not None and pool is None:
+                self.pool.handle = graph.pool()
             self.views = input_views(self.static, self.static_out, self.slots)
             # per replay: the inputs that must not have moved, those copied in, the outputs copied out
             self.addressed = [(i, ptr) for i, (slot, ptr) in enumerate(zip(self.slots, self.static_ptrs))

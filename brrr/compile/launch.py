@@ -17,8 +17,12 @@ Under TRITON_INTERPRET=1 (or for an object that is not a compiled GPU kernel) ev
 The direct launch itself goes through torch's static CUDA launcher (`torch._C._StaticCudaLauncher`, what
 Inductor uses) when it takes the kernel: one C++ call per launch instead of Triton's Python launcher
 (`CudaLauncher.__call__`, ~5-15 us per launch on the H100 hosts; BERT-base's backward launches ~180 kernels).
-It does not take kernels with scalar arguments, launch attributes or scratch memory; those keep Triton's
-launcher. BRRR_STATIC_LAUNCH=0 turns it off.
+It takes kernels whose arguments are pointers, then a symbolic graph's size arguments; kernels with other
+scalar arguments or launch attributes keep Triton's launcher. BRRR_STATIC_LAUNCH=0 turns it off.
+
+A size argument is compiled as int32 when the first launch's value fits (Triton's rule for unspecialized
+ints); a direct launch with a larger size would truncate it, so such a call takes the JIT path, which compiles
+an int64 variant.
 """
 
 import os
@@ -72,9 +76,13 @@ def _static_launcher_class():
     return StaticallyLaunchedCudaKernel
 
 
-def static_kernel(kernel, n_args, device):
+INT32_MAX = 2**31 - 1
+
+
+def static_kernel(kernel, n_args, device, symbols=0):
     """(C launch function, static kernel, argument type codes, extra trailing args) to launch `kernel` with
-    torch's static launcher, or None when it cannot (then Triton's own launcher is used)."""
+    torch's static launcher, or None when it cannot (then Triton's own launcher is used). `symbols`: the
+    trailing arguments that are sizes (int32 "i" or int64 "l")."""
     try:
         metadata = kernel.metadata
         if getattr(metadata, "launch_pdl", False) or getattr(metadata, "launch_cooperative_grid", False):
@@ -85,8 +93,9 @@ def static_kernel(kernel, n_args, device):
         sk.load_kernel(device)
         extra = tuple(None for flag in (sk.has_global_scratch, sk.has_profile_scratch) if flag)
         arg_tys = sk.arg_tys + "O" * len(extra)
-        if len(sk.arg_tys) != n_args or set(sk.arg_tys) != {"O"}:
-            return None   # scalars or constants in the signature: Triton's launcher handles those
+        pointers, sizes = sk.arg_tys[:n_args - symbols], sk.arg_tys[n_args - symbols:]
+        if len(sk.arg_tys) != n_args or set(pointers) != {"O"} or not set(sizes) <= {"i", "l"}:
+            return None   # other scalars or constants in the signature: Triton's launcher handles those
         return sk.C_impl._launch_kernel, sk, arg_tys, extra
     except Exception:
         return None
@@ -128,6 +137,7 @@ class Launcher:
         self.try_static = os.environ.get("BRRR_STATIC_LAUNCH") != "0"   # read when the graph is built
         self.tensor_slots, self.plain_slots, self.plain_args = (), (), ()
         self.unproven = False   # whether direct launches with TMA descriptors have yet to be tried
+        self.narrow_sizes = False   # whether the kernel took its size arguments as int32
 
     def __call__(self, *args, grid=None):
         """Launch on `args`; `grid` (a symbolic graph's kernels) is this call's grid, else the one built in."""
@@ -175,6 +185,8 @@ class Launcher:
         for i in self.tensor_slots:
             if args[i].data_ptr() & 15:
                 return False
+        if self.narrow_sizes and max(args[-self.symbols:]) > INT32_MAX:
+            return False   # compiled for int32 sizes: the JIT path compiles the int64 variant
         return not self.plain_slots or tuple(args[i] for i in self.plain_slots) == self.plain_args
 
     def _prepare(self, kernel, args):
@@ -205,5 +217,6 @@ class Launcher:
         self.plain_args = tuple(args[i] for i in self.plain_slots)
         self.fast = (run, function, packed, _current_device(), tuple(self.meta[n] for n in tail_names))
         self.unproven = bool(descriptors)
+        self.narrow_sizes = bool(self.symbols) and max(args[len(args) - self.symbols:]) <= INT32_MAX
         if self.try_static and not self.plain_slots and not descriptors:
-            self.static = static_kernel(kernel, len(args), self.fast[3])
+            self.static = static_kernel(kernel, len(args), self.fast[3], self.symbols)

@@ -23,7 +23,8 @@ A training forward leads its backward: the backward can replay only while its fo
 saved tensors, so it takes its turns in step with the forward, times nothing, and takes the forward's verdict;
 the forward's periods span whole steps, its backward included, whichever way that ran. A graph with no leader
 (inference, a backward whose forward decided before it first ran) times its own periods.
-Every verdict is logged (`DECISIONS`), and `brrr explain` lists them.
+A graph planned at symbolic sizes has a CUDA graph per shape, and a trial per shape: a short sequence can be
+host-bound where a long one is not. Every verdict is logged (`DECISIONS`), and `brrr explain` lists them.
 """
 
 import time
@@ -46,12 +47,14 @@ class Decision:
     launch_s: float | None     # least period of a call launching the kernels
     replay_s: float | None     # least period of a call replaying the CUDA graph (None: it could not replay)
     reason: str
+    sizes: tuple | None = None   # a graph planned at symbolic sizes decides per shape: this call's sizes
 
     def __str__(self):
+        at = "" if self.sizes is None else f" at sizes {', '.join(map(str, self.sizes))}"
         if self.replay_s is None:
-            return f"{self.graph} graph: launches its kernels ({self.reason})"
+            return f"{self.graph} graph{at}: launches its kernels ({self.reason})"
         verb = "replays a CUDA graph" if self.replay else "launches its kernels"
-        return (f"{self.graph} graph: {verb} ({self.reason}: a call's period {self.launch_s * 1e6:.0f} us "
+        return (f"{self.graph} graph{at}: {verb} ({self.reason}: a call's period {self.launch_s * 1e6:.0f} us "
                 f"launching, {self.replay_s * 1e6:.0f} us replaying)")
 
 
@@ -68,8 +71,8 @@ class ReplayTrial:
     trial, its forward's, which times the steps and decides for both. `run(call, graphed, args)` returns
     (outputs, whether they came from a replay)."""
 
-    def __init__(self, kind, leader=None):
-        self.kind, self.leader, self.followers = kind, leader, []
+    def __init__(self, kind, leader=None, sizes=None):
+        self.kind, self.leader, self.followers, self.sizes = kind, leader, [], sizes
         if leader is not None:
             leader.followers.append(self)
         self.launched, self.replayed = [], []   # periods, seconds
@@ -123,7 +126,7 @@ class ReplayTrial:
 
     def _decide(self, replay, reason, launch_s=None, replay_s=None):
         self.replay = replay
-        log(Decision(self.kind, replay, launch_s, replay_s, reason))
+        log(Decision(self.kind, replay, launch_s, replay_s, reason, self.sizes))
         for follower in self.followers:   # they replay only beside this graph's replays
             if follower.replay is None:
                 follower._decide(replay, f"as its {self.kind} graph", launch_s, replay_s)

@@ -25,13 +25,14 @@ import torch
 
 from brrr.compile import fallbacks, ir, kernel_registry, sizes
 from brrr.compile.fallbacks import KernelFailed, MAX_REPLANS, debugging, is_out_of_memory, recover, warn_once
-from brrr.compile.graphs import GraphedCall
+from brrr.compile.graphs import GraphedCall, SharedPool
 from brrr.compile.inplace import reused_memory
 from brrr.compile.launch import Launcher
 from brrr.compile.replay_choice import ReplayTrial
 from brrr.compile.codegen.triton import generate
 
 _MODULES = {}
+MAX_GRAPH_SHAPES = 8   # CUDA graphs a graph planned at symbolic sizes keeps, one per shape (each holds memory)
 _SWEPT = set()   # cache directories whose dead writers' temporary files this process removed
 STALE_TMP_S = 600
 
@@ -206,7 +207,7 @@ class CompiledGraph:
     """Calls the generated `call`; on the first call, any failure reruns the graph as ATen (once, warned).
     Boxed calling convention (AOTAutograd passes one list of arguments)."""
 
-    def __init__(self, call, gm, source, cuda_graphs=False, device=None, kind="graph"):
+    def __init__(self, call, gm, source, cuda_graphs=False, device=None, kind="graph", shape_key=None):
         self._boxed_call = True   # in the instance dict: wrappers (functools.wraps) copy it
         self.call, self.gm, self.source, self.kind = call, gm, source, kind
         self.replan = None        # KernelFailed -> a CompiledGraph without that kernel, or None (backend sets it)
@@ -219,6 +220,10 @@ class CompiledGraph:
         self.lent = False     # whether the last call's outputs at those positions are the graph's own memory
         self.pin, self.pinned_ready = (), True   # inputs lent by another graph, and whether they still are
         self.lender = None    # that graph (a backward's forward): with "auto", its trial leads this one's
+        # A graph planned at symbolic sizes: `shape_key(args)` is the call's sizes. A CUDA graph replays the sizes
+        # it captured, so each shape gets its own graph and trial (graphed, trial), up to MAX_GRAPH_SHAPES.
+        self.shape_key, self.shape, self.shapes = shape_key, None, {}
+        self.pool = SharedPool() if shape_key is not None else None
 
     def __call__(self, *args):
         args = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
@@ -235,6 +240,10 @@ class CompiledGraph:
     def _run(self, args):
         self.lent = False
         if self.verified:
+            if self.shape_key is not None and self.cuda_graphs:
+                key = self.shape_key(args)
+                if key != self.shape and self._switch_shape(key, args):
+                    return self.call(args)   # a new shape's first call launches; its graph captures on the next
             if self.trial is not None:
                 return self._run_trial(args)
             graphed = self.graphed
@@ -249,12 +258,41 @@ class CompiledGraph:
             return self.call(args)
         out = self._first_call(args)
         self.verified = True
-        if self.cuda_graphs and self.call is not self._aten_call:
-            self.graphed = GraphedCall(self.call, args, self.lend, self.pin)
-            if self.cuda_graphs == "auto":
-                leader = self.lender.trial if self.lender is not None else None
-                self.trial = ReplayTrial(self.kind, leader=leader)
+        if self.cuda_graphs and self.call != self._aten_call:   # bound methods: equal, never identical
+            self._new_graph(args)
+            if self.shape_key is not None:
+                self.shape = self.shape_key(args)
+                self.shapes[self.shape] = (self.graphed, self.trial)
         return out
+
+    def _new_graph(self, args):
+        """A CUDA graph for these args' shape (captured on its next call) and, with "auto", its trial."""
+        self.graphed = GraphedCall(self.call, args, self.lend, self.pin, pool=self.pool)
+        self.trial = None
+        if self.cuda_graphs == "auto":
+            leader = self.lender.trial if self.lender is not None else None
+            sizes_ = None if self.shape_key is None else self.shape_key(args)
+            self.trial = ReplayTrial(self.kind, leader=leader, sizes=sizes_)
+
+    def _switch_shape(self, key, args):
+        """Make `key`'s CUDA graph and trial the current ones; True when the shape is new here (this call then
+        launches, as a static graph's first call does). Past MAX_GRAPH_SHAPES shapes, a new one launches always."""
+        if self.shape in self.shapes:
+            self.shapes[self.shape] = (self.graphed, self.trial)
+        self.shape = key
+        if key in self.shapes:
+            self.graphed, self.trial = self.shapes[key]
+            return False
+        self.graphed = self.trial = None
+        if self.call == self._aten_call:
+            return False
+        if len(self.shapes) >= MAX_GRAPH_SHAPES:
+            warn_once(f"changing shapes: {MAX_GRAPH_SHAPES} shapes of this {self.kind} graph already have CUDA "
+                      f"graphs; calls at other shapes launch their kernels")
+            return False
+        self._new_graph(args)
+        self.shapes[key] = (self.graphed, self.trial)
+        return True
 
     def _run_trial(self, args):
         """A call while cuda_graphs="auto" times launching against replaying (replay_choice.py)."""
@@ -448,7 +486,22 @@ def build(plan, gm, cuda_graphs=False, kind="graph", matmul_templates=None):
             f.write(source)
     exec(compile(source, filename, "exec"), glb)
     return CompiledGraph(glb["call"], gm, source, cuda_graphs=cuda_graphs, device=_cuda_device(plan),
-                         kind=kind), kernels
+                         kind=kind, shape_key=shape_key_function(placeholders)), kernels
+
+
+def shape_key_function(placeholders):
+    """`shape_key(args)` -> the values of the size symbols the graph's inputs carry, in a call with `args`; None
+    for a graph of static sizes."""
+    bindings = symbol_bindings(placeholders)
+    if not bindings:
+        return None
+    names = [line.split(" = ")[0] for line in bindings]
+    unpack = f"    {', '.join(fx.name for fx in placeholders)}{',' if len(placeholders) == 1 else ''} = args"
+    source = "\n".join(["def shape_key(args):", unpack] + [f"    {line}" for line in bindings] +
+                       [f"    return ({', '.join(names)},)"]) + "\n"
+    glb = {}
+    exec(compile(source, "<brrr shape key>", "exec"), glb)
+    return glb["shape_key"]
 
 
 def _fake_of(node):

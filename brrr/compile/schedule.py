@@ -136,10 +136,11 @@ def _squeeze(shape):
 
 def load_bytes(node, accessed):
     """bytes a kernel reading `accessed` elements of `node` moves: brrr.cost's touched bytes of the buffer,
-    capped by what the kernel can touch (a gather reads a few rows of a large table)."""
+    capped by what the kernel can touch (a gather reads a few rows of a large table). A price, so at the hint
+    sizes: a comparison of symbolic sizes would add a guard."""
     from brrr.cost.ops import nbytes_touched, tensor_bytes
     fake = node.meta["fake"]
-    return min(tensor_bytes(fake), nbytes_touched((accessed,), (1,), fake.element_size()))
+    return min(hint(tensor_bytes(fake)), hint(nbytes_touched((accessed,), (1,), fake.element_size())))
 
 
 class Reason:
@@ -223,7 +224,7 @@ class Scheduler:
                 for v in ir.walk(n(unflatten(Ix.var("xindex", max(n.numel, 1)), n.shape))):
                     if isinstance(v, ir.Load):
                         reads[v.buf] = load_bytes(v.buf, n.numel)
-                in_b, out_b, k = sum(reads.values()), tensor_bytes(n.meta["fake"]), len(spaces)
+                in_b, out_b, k = sum(reads.values()), hint(tensor_bytes(n.meta["fake"])), len(spaces)
                 if in_b + out_b * k <= k * in_b:
                     self.stored.add(n)
                     self.refusals.append((n, f"stored: read by {k} iteration spaces; recomputing would move "
@@ -403,7 +404,7 @@ class Scheduler:
             main = None
             for root in k.roots:
                 found = layout.largest_input(self.evaluate(k, root, layout.dim_vars(k.shape))[0], k.shape)
-                if found and (main is None or found[1] > main[1]):
+                if found and (main is None or hint(found[1]) > hint(main[1])):
                     main = found
             if main is not None and 2 * hint(main[1]) >= hint(k.xnumel()):   # a heuristic: at the hint sizes
                 k.tile = layout.tile_split(k.shape, k.loop_order(), main[0])

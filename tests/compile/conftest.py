@@ -20,6 +20,9 @@ class FakeGraph:
     replays = 0
     replaying = False
 
+    def pool(self):
+        return ("pool of", id(self))   # a handle other captures may share
+
     def replay(self):
         FakeGraph.replays += 1
         FakeGraph.replaying = True
@@ -39,7 +42,10 @@ def fake_cuda_graphs(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "graph", lambda g, **kw: contextlib.nullcontext())
+    def graph(g, pool=None, **kw):
+        g.captured_into = pool   # the pool handle the capture shared, if any
+        return contextlib.nullcontext()
+    monkeypatch.setattr(torch.cuda, "graph", graph)
     monkeypatch.setattr(FakeGraph, "replays", 0)
     capture = GraphedCall._capture
 

@@ -171,3 +171,23 @@ def test_explain_lists_the_guards_brrrs_plan_adds(monkeypatch):
     assert ex.kernels and ex.guards and "guards brrr added" in str(ex)
     assert any("1073741823" in guard for _, guard in ex.guards)
     assert not any(guard.startswith("Eq(") and guard.endswith(", 6)") for _, guard in ex.guards)
+
+
+def test_a_hugging_face_encoder_compiles_once_for_every_later_length(counted):
+    """A BERT layer at lengths whose sizes cross the widths of its weights: the planner's heuristics (which load
+    decides a kernel's order, bytes priced for recomputing or storing) compare sizes at their hints, so none of
+    them pins a length or a range of lengths with a guard (each such guard was a recompile per length)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=128, max_position_embeddings=128, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = transformers.BertModel(cfg).eval()
+    compiled = torch.compile(model, backend=make_backend(symbolic_sizes=True))
+    with torch.no_grad():
+        for length in (8, 12, 3, 16, 5, 40):
+            x = torch.randint(0, 100, (2, length))
+            torch.testing.assert_close(compiled(x).last_hidden_state, model(x).last_hidden_state,
+                                       atol=2e-5, rtol=2e-5)
+    assert counted["plans"] == 2   # length 8 static; 12 at symbolic sizes, serving every later one
+    assert _last_fallback() is counted["last_fallback"]

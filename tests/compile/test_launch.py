@@ -136,7 +136,7 @@ def test_kernels_taken_by_torchs_static_launcher_launch_through_it(gpu_like, mon
     class StaticKernel:
         function, num_warps, shared = "cu-function", 4, 0
 
-    def fake_static(kernel, n_args, device):
+    def fake_static(kernel, n_args, device, symbols=0):
         return (lambda *a: calls.append(a)), StaticKernel(), "OO", (None,)
     monkeypatch.setattr(launch, "static_kernel", fake_static)
 
@@ -153,6 +153,31 @@ def test_kernels_taken_by_torchs_static_launcher_launch_through_it(gpu_like, mon
     assert args[0] is a and args[1] is b and args[2:] == (None,)   # a scratch slot the kernel expects
     k(a[1:], b)                                        # misaligned: back through the JIT, as before
     assert [c[0] for c in jit.calls] == ["jit", "jit"]
+
+
+def test_size_arguments_vary_directly_up_to_int32_then_take_the_jit(gpu_like, monkeypatch):
+    """A symbolic graph's kernels take sizes as trailing arguments: launches with new sizes stay direct, through
+    torch's static launcher with their int32 type, until a size no longer fits the int32 it was compiled for."""
+    calls = []
+
+    class StaticKernel:
+        function, num_warps, shared = "cu-function", 4, 0
+    offered = []
+
+    def fake_static(kernel, n_args, device, symbols=0):
+        offered.append((n_args, symbols))
+        return (lambda *a: calls.append(a)), StaticKernel(), "OOi", ()
+    monkeypatch.setattr(launch, "static_kernel", fake_static)
+    jit = FakeJIT()
+    k = launch.Launcher(jit, (1,), {"XBLOCK": 128, "num_warps": 4}, symbols=1)
+    a, b = aligned(8), aligned(8)
+    k(a, b, 300, grid=(3,))
+    k(a, b, 17, grid=(1,))
+    k(a, b, 2**31, grid=(2**31 // 128,))
+    assert offered == [(3, 1)]
+    assert [c[0] for c in jit.calls] == ["jit", "jit"] and jit.calls[1][2][2] == 2**31
+    (function, gx, gy, gz, warps, shared, tys, args, stream), = calls
+    assert (gx, tys, args[2]) == (1, "OOi", 17)
 
 
 def test_static_launcher_declines_what_it_cannot_launch():
