@@ -23,6 +23,7 @@ import itertools
 import torch
 
 from brrr.compile import ir
+from brrr.compile.sizes import same
 
 _aten = torch.ops.aten
 FRESH_EXTERNS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
@@ -93,6 +94,11 @@ def _layout(node):
     return tuple(node.shape), tuple(node.stride), node.dtype
 
 
+def _same_layout(a, b):
+    """Whether two buffers have one layout for every size the graph may be called with (no guard)."""
+    return a.dtype == b.dtype and same(a.shape, b.shape) and same(a.stride, b.stride)
+
+
 def _produced(kind, step, kernels):
     if kind == "kernel":
         return kernels[step].stores
@@ -146,7 +152,7 @@ def _in_place_source(ks, j, out, inputs, roots, last, aliased, taken, t):
     for i, b in enumerate(inputs):
         if b in taken or b in aliased or not _owned(b) or last.get(b) != t or roots.count(b) != 1:
             continue
-        if _layout(b) == _layout(out) and same_element_access(ks.source, f"in_ptr{i}", f"out_ptr{j}"):
+        if _same_layout(b, out) and same_element_access(ks.source, f"in_ptr{i}", f"out_ptr{j}"):
             return b
     return None
 

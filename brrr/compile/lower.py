@@ -13,7 +13,7 @@ from brrr.compile import ir, layout, mathops
 from brrr.compile.codegen.triton import COLUMN_PERSISTENT_MAX, COLUMN_XBLOCK, PERSISTENT_MAX
 from brrr.compile.indexing import Ix, Term, unflatten
 from brrr.compile.ir import Const, IndexValue, Op
-from brrr.compile.sizes import is_symbolic, same
+from brrr.compile.sizes import hint, is_symbolic, known_true, same
 
 aten = torch.ops.aten
 LOWERINGS = {}
@@ -239,14 +239,12 @@ def reduction_split(x, dims):
     a few long rows (a row's program loops alone), or long columns over few kept elements (a column
     reduction's program covers COLUMN_XBLOCK columns, so 256 channels would be 4 programs)."""
     shape = tuple(x.shape)
-    if any(is_symbolic(s) for s in shape):   # a split's chunks are planned from sizes: symbolic ones run unsplit
-        return None
     rsize = xnumel = 1
-    for d, s in enumerate(shape):
+    for d, s in enumerate(shape):   # a heuristic: symbolic sizes are read at their hints, adding no guard
         if d in dims:
-            rsize *= s
+            rsize *= hint(s)
         else:
-            xnumel *= s
+            xnumel *= hint(s)
     long_columns = rsize >= SPLIT_COLUMN_MIN_R and xnumel * rsize >= SPLIT_COLUMN_MIN_NUMEL
     if is_column(x, dims):
         return "column" if long_columns else None
@@ -298,10 +296,13 @@ def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype
         xnumel *= s
     for s in reduced_sizes:
         rsize *= s
-    chunks = max(2, min((rsize + 1023) // 1024, max(1, 2048 // max(xnumel, 1))))
+    # the number of chunks is fixed at the hint sizes (the final kernel reduces that many partials); with
+    # symbolic sizes the chunk length is an expression, and chunks past a shorter row's end add the identity
+    x_hint, r_hint = hint(xnumel), hint(rsize)
+    chunks = max(2, min((r_hint + 1023) // 1024, max(1, 2048 // max(x_hint, 1))))
     if column:
-        wanted = -(-SPLIT_COLUMN_PROGRAMS * COLUMN_XBLOCK // max(xnumel, 1))
-        chunks = max(2, min(wanted, rsize // 256))
+        wanted = -(-SPLIT_COLUMN_PROGRAMS * COLUMN_XBLOCK // max(x_hint, 1))
+        chunks = max(2, min(wanted, r_hint // 256))
     block = (rsize + chunks - 1) // chunks
 
     def partial_body(idx):
@@ -313,7 +314,7 @@ def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype
             full[d] = i
         for d, i in zip(reduced_dims, unflatten(r, reduced_sizes, tuple(range(len(reduced_dims))))):
             full[d] = i
-        if chunks * block == rsize:   # the chunks tile the row exactly: no lane is past its end
+        if known_true(chunks * block == rsize):   # the chunks tile the row exactly: no lane is past its end
             return body(full)
         v = masked(cond, lambda: body(full))
         return Op("where", [cond, v, identity(rtype, v.dtype)], v.dtype)

@@ -73,6 +73,13 @@ def known_true(cond):
     return bool(cond)
 
 
+def proven(cond):
+    """A comparison of sizes: as it is for ints; for symbolic ones, whether the ShapeEnv proves it without a
+    guard. For the planner's simplifications (merge two index terms, drop a size-1 dim), which are right
+    untaken: deciding them at the hint would pin the sizes with a guard, a recompile whenever they differ."""
+    return cond if type(cond) is bool else known_true(cond)
+
+
 def cdiv(a, b):
     """ceil(a / b) for sizes, symbolic or not."""
     return (a + b - 1) // b
