@@ -34,6 +34,8 @@ import os
 
 import torch
 
+from brrr.compile.sizes import hint, proven
+
 aten = torch.ops.aten
 
 DECISIONS = "brrr_matmul_padding"
@@ -64,8 +66,8 @@ def _val(n):
     return n.meta.get("val") if isinstance(n, torch.fx.Node) else None
 
 
-def _static(t):
-    return isinstance(t, torch.Tensor) and all(type(s) is int for s in tuple(t.shape) + tuple(t.stride()))
+def _tensor(t):
+    return isinstance(t, torch.Tensor)
 
 
 def _round_up(n, m):
@@ -73,14 +75,17 @@ def _round_up(n, m):
 
 
 def _alignment(elements, item):
-    """The largest power of two (at most ALIGN_BYTES) dividing a leading dimension of `elements`, in bytes."""
+    """The largest power of two (at most ALIGN_BYTES) dividing a leading dimension of `elements`, in bytes (of a
+    symbolic one, the largest the ShapeEnv proves)."""
+    if type(elements) is not int:
+        return next((a for a in (16, 8, 4, 2) if a <= ALIGN_BYTES and proven(elements * item % a == 0)), 1)
     b = elements * item
     return min(b & -b, ALIGN_BYTES) if b else ALIGN_BYTES
 
 
 def _lead_alignment(t, lead):
     """The alignment in bytes of matrix t's leading dimension (ALIGN_BYTES for a vector)."""
-    if 1 in tuple(t.shape[-2:]):
+    if any(proven(s == 1) for s in t.shape[-2:]):
         return ALIGN_BYTES
     return _alignment(t.stride()[-1 if lead == -2 else -2], t.element_size())
 
@@ -90,12 +95,12 @@ def _leading_dim(t):
     whether that leading dimension is aligned. None when cuBLAS reads neither way (it copies such operands)."""
     size, stride = t.shape[-2:], t.stride()[-2:]
     align = ALIGN_BYTES // t.element_size()
-    if size[0] == 1 or size[1] == 1:
+    if proven(size[0] == 1) or proven(size[1] == 1):
         return -1, True   # a vector: no leading dimension to align
-    if stride[1] == 1:
-        return -1, stride[0] % align == 0
-    if stride[0] == 1:
-        return -2, stride[1] % align == 0
+    if proven(stride[1] == 1):
+        return -1, proven(stride[0] % align == 0)
+    if proven(stride[0] == 1):
+        return -2, proven(stride[1] % align == 0)
     return None
 
 
@@ -147,7 +152,7 @@ def _operands(node):
 def _consider(gm, node, pads):
     bias, a, b = _operands(node)
     va, vb, out = _val(a), _val(b), _val(node)
-    if not all(_static(v) for v in (va, vb, out)) or va.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if not all(_tensor(v) for v in (va, vb, out)) or va.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return None
     if out.device.type not in PAD_DEVICES:
         return None
@@ -162,18 +167,25 @@ def _consider(gm, node, pads):
         need.add("M" if lead_a[0] == -2 else "K")
     if not lead_b[1]:
         need.add("K" if lead_b[0] == -2 else "N")
-    if n % align and n > 1:
+    if not proven(n % align == 0) and not proven(n == 1):
         need.add("N")   # ATen writes the result row-major: its leading dimension is N
     if not need:
         return None
     worst = min(_lead_alignment(va, lead_a[0]), _lead_alignment(vb, lead_b[0]),
-                _alignment(n, out.element_size()) if n > 1 else ALIGN_BYTES)
+                ALIGN_BYTES if proven(n == 1) else _alignment(n, out.element_size()))
+    name = getattr(node.target, "__name__", str(node.target))
+    shape = f"{list(va.shape)} @ {list(vb.shape)}"
     sizes = {"M": m, "K": k, "N": n}
+    if any(type(sizes[d]) is not int for d in need):   # a pad of symbolic width is not built
+        return Padding(node.name, name, shape, {}, False, f"{', '.join(sorted(need))} unaligned at symbolic sizes")
+    # the price at the hint sizes (a symbolic M of tokens): a choice of speed, never a guard
+    sizes = {d: hint(v) for d, v in sizes.items()}
+    m, k, n = sizes["M"], sizes["K"], sizes["N"]
     dims = {d: (sizes[d], _round_up(sizes[d], align)) for d in sorted(need)}
     padded_size = {d: dims.get(d, (s, s))[1] for d, s in sizes.items()}
     batch = 1
     for s in out.shape[:-2]:
-        batch *= s
+        batch *= hint(s)
     matmul, bandwidth = _device_figures(out.device)
     peak = _peak(matmul, va.dtype)
     flops = 2 * batch * m * n * k
@@ -191,9 +203,7 @@ def _consider(gm, node, pads):
         n_pads += 1
     unaligned_s = flops / peak * UNALIGNED_SLOWDOWN.get(worst, 1.0)
     padded_s = padded_flops / peak + pad_bytes / bandwidth + n_pads * PAD_LAUNCH_S
-    shape = f"{list(va.shape)} @ {list(vb.shape)}"
     why = f"predicted {unaligned_s * 1e3:.3f} ms unaligned, {padded_s * 1e3:.3f} ms padded"
-    name = getattr(node.target, "__name__", str(node.target))
     if padded_s >= unaligned_s:
         return Padding(node.name, name, shape, dims, False, why)
     before, trial = set(gm.graph.nodes), dict(pads)
@@ -272,8 +282,8 @@ def _rewrite(gm, node, bias, a, b, dims, pads):
     args = list(node.args)
     if bias is not None:
         vb = _val(bias)
-        last = pn if vb.dim() >= 1 and vb.shape[-1] > 1 else 0
-        second = pm if vb.dim() >= 2 and vb.shape[-2] > 1 else 0
+        last = pn if vb.dim() >= 1 and not proven(vb.shape[-1] == 1) else 0
+        second = pm if vb.dim() >= 2 and not proven(vb.shape[-2] == 1) else 0
         args[0] = _pad(gm, node, bias, last, second, pads)
         args[1], args[2] = a2, b2
     else:

@@ -193,15 +193,16 @@ def test_a_hugging_face_encoder_compiles_once_for_every_later_length(counted):
     assert _last_fallback() is counted["last_fallback"]
 
 
-@pytest.mark.parametrize("shape_of, dim", [(lambda n: (n, 64), 0), (lambda n: (3, n), 1)], ids=["columns", "rows"])
-def test_long_reductions_over_a_dynamic_dim_split_at_every_length(shape_of, dim, counted):
+@pytest.mark.parametrize("shape_of, dim, first", [(lambda n: (n, 64), 0, 16400), (lambda n: (3, n), 1, 40000)],
+                         ids=["columns", "rows"])
+def test_long_reductions_over_a_dynamic_dim_split_at_every_length(shape_of, dim, first, counted):
     """Long columns (a bias gradient over the tokens) and a few long rows reduce in two kernels, chunks and then
     their partials, at symbolic sizes too: the number of chunks is fixed at the hint sizes, the chunk length
     follows each call's sizes, and chunks past a short reduction's end add nothing."""
     def total(x):
         return (x * 2).sum(dim)
     compiled = torch.compile(total, backend=make_backend(symbolic_sizes=True), dynamic=True)
-    for n in (40000, 5001, 3, 2):
+    for n in (first, 5001, 3, 2):   # the first at the split's thresholds (its hint sizes)
         x = torch.randn(shape_of(n), dtype=torch.float64)
         launches = counted["launches"]
         torch.testing.assert_close(compiled(x), total(x))

@@ -147,3 +147,45 @@ def test_linear_cross_entropy_over_an_odd_vocab_trains_as_eager(pad_everywhere, 
     for a, b in zip(got, (ref_loss, ref_logits, h64.grad, w64.grad)):
         assert _rel(a, b) < tol
     assert logits.stride() == (1001, 1)   # the user's logits keep eager's layout
+
+
+def test_an_odd_vocab_is_padded_at_symbolic_token_counts(pad_everywhere, monkeypatch):
+    """A graph planned at symbolic sizes pads its static unaligned dims (the vocabulary) as a static one does:
+    the LM head's three matmuls, with the tokens symbolic; GPT-2 at changing lengths ran cuBLAS's align1
+    kernels without it (benchmarks/NOTES.md). One plan per graph serves every length."""
+    from brrr.compile.backend import make_backend
+
+    decided = []
+    real = mp.pad_matmuls
+    monkeypatch.setattr(mp, "pad_matmuls", lambda gm: decided.extend(real(gm)) or decided)
+    vocab, dim = 1001, 32
+    torch.manual_seed(0)
+
+    class Head(torch.nn.Module):   # a module's parameters keep static sizes; the tokens are marked dynamic
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(vocab, dim))
+
+        def forward(self, h, target):
+            logits = h @ self.weight.t()
+            return torch.nn.functional.cross_entropy(logits, target), logits
+
+    head = Head()
+    w = head.weight
+    step = torch.compile(head, backend=make_backend(symbolic_sizes=True))
+    for tokens in (24, 40, 17):
+        h = torch.randn(tokens, dim, requires_grad=True)
+        target = torch.arange(tokens) * 37 % vocab
+        torch._dynamo.mark_dynamic(h, 0)
+        torch._dynamo.mark_dynamic(target, 0)
+        w.grad = None
+        loss, logits = step(h, target)
+        (loss + logits.sum() * 1e-3).backward()
+        h64, w64 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+        ref_logits = h64 @ w64.t()
+        ref_loss = torch.nn.functional.cross_entropy(ref_logits, target)
+        (ref_loss + ref_logits.sum() * 1e-3).backward()
+        for a, b in zip((loss.detach(), logits.detach(), h.grad, w.grad), (ref_loss, ref_logits, h64.grad, w64.grad)):
+            assert _rel(a, b) < 1e-5
+    assert sorted(sorted(p.dims) for p in decided if p.padded) == [["K"], ["M"], ["N"]], [str(p) for p in decided]
+    assert all("s" in p.shape for p in decided)   # decided once, at symbolic sizes
