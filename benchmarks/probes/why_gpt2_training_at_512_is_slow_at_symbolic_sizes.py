@@ -8,6 +8,10 @@ Per mode (per shape; symbolic) at lengths 256 then 512: 40 steps at 512, then th
 host time per step, GPU busy time per step, and the replay decisions brrr logged.
 """
 
+import cProfile
+import io
+import os
+import pstats
 import sys
 import time
 
@@ -28,7 +32,10 @@ def main():
     work = gpt2_lengths("cuda", torch.bfloat16, quick=False)
     model = work.model
     short, mid = work.shapes[0][1][0], work.shapes[1][1][0]
-    for name, symbolic in (("per shape", False), ("symbolic", True)):
+    modes = (("per shape", False), ("symbolic", True))
+    if os.environ.get("PROBE_MODES") == "symbolic":
+        modes = modes[1:]
+    for name, symbolic in modes:
         torch._dynamo.reset()
         del replay_choice.DECISIONS[:]
         fn = brrr.compile(model, symbolic_sizes=symbolic)
@@ -58,6 +65,17 @@ def main():
               f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
         for d in replay_choice.DECISIONS:
             print("  ", d)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(10):
+            step(fn, mid)
+            model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        prof.disable()
+        for key, n in (("tottime", 30), ("cumtime", 45)):
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats(key).print_stats(n)
+            print("\n".join(line[:200] for line in out.getvalue().splitlines()[:n + 12]))
         del fn
         torch.cuda.reset_peak_memory_stats()
 
