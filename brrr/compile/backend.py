@@ -65,13 +65,14 @@ def _devices(gm, example_inputs=()):
     return {v.device.type for v in list(_values(gm)) + list(example_inputs) if isinstance(v, torch.Tensor)}
 
 
-SYMBOLIC = "dynamic shapes: brrr compiles the graph once per shape it is called with"
+SYMBOLIC = "dynamic shapes: brrr plans the graph at its symbolic sizes, or once per shape it is called with"
 
 
 def graph_refusal(gm, example_inputs=(), planning_only=False):
     """Why brrr's kernels cannot run this graph here as it is (None when they can). `planning_only` (explain)
     asks only whether it can be planned: a CPU graph without TRITON_INTERPRET=1 can, though its kernels cannot
-    run. A symbolic graph (SYMBOLIC) is compiled per shape (specialize.py) where its devices allow."""
+    run. A symbolic graph (SYMBOLIC) is planned at its symbolic sizes (sizes.py) or per shape (specialize.py)
+    where its devices allow."""
     if not _static(gm, example_inputs):
         return SYMBOLIC
     if planning_only:
@@ -194,15 +195,14 @@ def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, matmul_temp
     """The Dynamo backend: AOTAutograd (core-ATen decompositions, min-cut partitioner) around compile_graph;
     plain graphs then run from brrr's lean runtime instead of AOTAutograd's wrappers (lean_autograd.py).
     A graph brrr cannot compile (GraphFallback) runs as Dynamo captured it: `gm.forward`, taken before any
-    pass here changes the graph. A graph of symbolic sizes is compiled once per shape (specialize.py), or, with
-    `symbolic_sizes`, once at those sizes (sizes.py)."""
+    pass here changes the graph. A graph of symbolic sizes is compiled once, at those sizes (sizes.py), or, with
+    `symbolic_sizes=False` or where that fails, once per shape (specialize.py)."""
     eager_forward = gm.forward   # bound now: the passes below recompile gm, this keeps the captured code
     reason = graph_refusal(gm, example_inputs, planning_only=_sink is not None)
     if symbolic_sizes is None:
-        symbolic_sizes = os.environ.get("BRRR_SYMBOLIC_SIZES") == "1"
+        symbolic_sizes = os.environ.get("BRRR_SYMBOLIC_SIZES", "1") != "0"
     if reason == SYMBOLIC and symbolic_sizes and (_sink is not None or device_refusal(gm, example_inputs) is None):
-        # opt-in: one compile at symbolic sizes (sizes.py); where brrr cannot plan it so, once per shape. Not
-        # the default: on an H200 BERT at changing lengths ran 1.5x eager's time so (benchmarks/NOTES.md)
+        # one compile at symbolic sizes (sizes.py); where brrr cannot plan it so, once per shape
         try:
             compiled = _compile_static(copy_graph_module(gm), example_inputs, eager_forward, cuda_graphs, _sink,
                                        matmul_templates, symbolic_sizes=True)
@@ -308,9 +308,9 @@ def compile(model, **options):
     """torch.compile(model, backend=brrr with `options`). cuda_graphs: "auto" (default: each graph replays from
     a CUDA graph when timing shows that is faster, replay_choice.py), True (always, once its inputs allow) or
     False (never). matmul_templates: "off", "always" or "auto" (matmul_choice.py; default: BRRR_MATMUL_TEMPLATES,
-    off when unset): whether a matmul and its epilogue run as one brrr kernel. symbolic_sizes: True plans a graph
-    Dynamo captures with symbolic sizes once, at those sizes (sizes.py), instead of once per shape (the default,
-    BRRR_SYMBOLIC_SIZES=1 turns it on)."""
+    off when unset): whether a matmul and its epilogue run as one brrr kernel. symbolic_sizes: True (default;
+    BRRR_SYMBOLIC_SIZES=0 turns it off) plans a graph Dynamo captures with symbolic sizes once, at those sizes
+    (sizes.py); False compiles it once per shape (specialize.py)."""
     from brrr.compile.matmul_choice import MODES
 
     unknown = set(options) - {"cuda_graphs", "matmul_templates", "symbolic_sizes"}

@@ -1,6 +1,6 @@
-"""Dynamic shapes (brrr/compile/sizes.py, opt-in: `symbolic_sizes=True`): a graph Dynamo captures with symbolic
-sizes is planned once at those sizes, its kernels take the sizes as arguments, and every later shape runs
-brrr's kernels, equal to eager."""
+"""Dynamic shapes (brrr/compile/sizes.py, the default; `symbolic_sizes=False` compiles per shape): a graph Dynamo
+captures with symbolic sizes is planned once at those sizes, its kernels take the sizes as arguments, and every
+later shape runs brrr's kernels, equal to eager."""
 
 import pytest
 import torch
@@ -143,7 +143,6 @@ def test_a_kernels_sizes_are_arguments_never_specialized(monkeypatch):
     of 1, or one divisible by 16, would otherwise pick a variant another size breaks)."""
     import brrr
 
-    monkeypatch.setenv("BRRR_SYMBOLIC_SIZES", "1")
     ex = brrr.explain(lambda x: torch.relu(x) * 2, torch.randn(6, 8), dynamic=True)
     (kernel,) = ex.kernels
     assert "do_not_specialize=" in kernel.source and "xnumel = " in kernel.source
@@ -151,13 +150,16 @@ def test_a_kernels_sizes_are_arguments_never_specialized(monkeypatch):
     assert not line.split("=")[1].strip().isdigit()   # the element count is an expression of the sizes
 
 
-def test_by_default_each_shape_gets_its_own_compile(counted):
-    """Without the option a symbolic graph goes the per-shape way (faster on a GPU so far: NOTES)."""
-    compiled = torch.compile(_row_sum, backend=make_backend(), dynamic=True)
-    for rows in (5, 17):
-        x = torch.randn(rows, 6, dtype=torch.float64)
-        torch.testing.assert_close(compiled(x), _row_sum(x))
-    assert counted["plans"] == 2
+def test_by_default_one_plan_serves_every_shape_and_the_option_plans_per_shape(counted):
+    """Planning at symbolic sizes is the default; `symbolic_sizes=False` compiles each shape on its own."""
+    for options, plans in (({}, 1), ({"symbolic_sizes": False}, 2)):
+        torch._dynamo.reset()
+        before = counted["plans"]
+        compiled = torch.compile(_row_sum, backend=make_backend(**options), dynamic=True)
+        for rows in (5, 17):
+            x = torch.randn(rows, 6, dtype=torch.float64)
+            torch.testing.assert_close(compiled(x), _row_sum(x))
+        assert counted["plans"] - before == plans, options
 
 
 def test_explain_lists_the_guards_brrrs_plan_adds(monkeypatch):
@@ -165,7 +167,6 @@ def test_explain_lists_the_guards_brrrs_plan_adds(monkeypatch):
     that pins a size to the value it was traced at."""
     import brrr
 
-    monkeypatch.setenv("BRRR_SYMBOLIC_SIZES", "1")
     torch._dynamo.reset()
     ex = brrr.explain(lambda x: torch.softmax(x, -1) * 2, torch.randn(6, 10), dynamic=True)
     assert ex.kernels and ex.guards and "guards brrr added" in str(ex)

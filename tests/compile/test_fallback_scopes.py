@@ -169,15 +169,15 @@ def test_explain_lists_fallbacks_with_their_scope(monkeypatch):
     assert {f.scope for f in ex.fallbacks} == {"kernel"} and any(f.op == "aten.cos.default" for f in ex.fallbacks)
     assert len(ex.kernels) == 1 and "kernel: aten.cos.default" in str(ex)
 
-    torch._dynamo.reset()
+    torch._dynamo.reset()   # planned at symbolic sizes (the default): brrr's kernels, no fallback
+    ex = brrr.explain(norm_and_var, torch.randn(8, 16), dynamic=True)
+    assert not ex.fallbacks and ex.kernels
+
+    torch._dynamo.reset()   # per shape: explain has no shape to plan at, and says so
+    monkeypatch.setenv("BRRR_SYMBOLIC_SIZES", "0")
     ex = brrr.explain(norm_and_var, torch.randn(8, 16), dynamic=True)
     assert [(f.scope, f.graph) for f in ex.fallbacks] == [("graph", "dynamo")]
     assert "dynamic shapes" in ex.fallbacks[0].reason and "graph: whole graph" in str(ex)
-
-    torch._dynamo.reset()   # planned at symbolic sizes: brrr's kernels, no fallback
-    monkeypatch.setenv("BRRR_SYMBOLIC_SIZES", "1")
-    ex = brrr.explain(norm_and_var, torch.randn(8, 16), dynamic=True)
-    assert not ex.fallbacks and ex.kernels
 
 
 def test_a_compile_logs_its_op_fallbacks_process_wide_and_explain_does_not():

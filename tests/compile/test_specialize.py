@@ -39,8 +39,7 @@ def check_step(cf, n, w):
 
 @pytest.fixture
 def no_symbolic_plans(monkeypatch):
-    """Asked to, brrr cannot plan any graph at symbolic sizes: the per-shape path takes them."""
-    monkeypatch.setenv("BRRR_SYMBOLIC_SIZES", "1")
+    """brrr cannot plan any graph at symbolic sizes: the per-shape path takes them."""
     real = backend.compile_graph
 
     def refuse(gm, example_inputs, *args, symbolic_sizes=False, **kw):
