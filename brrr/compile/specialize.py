@@ -2,8 +2,9 @@
 
 A graph Dynamo captures with symbolic sizes (a dimension changed between calls) is planned once at those sizes
 (sizes.py), the default. With `symbolic_sizes=False`, or where that planning fails, `PerShape` compiles it
-once per concrete shape it is called with instead, each time through brrr's static path: AOTAutograd re-traces the captured graph at those sizes (a size input arrives as an int
-and is baked in like any other constant). At most `MAX_SHAPES` shapes per graph get their own compile; past
+once per concrete shape it is called with instead, each time through brrr's static path: AOTAutograd
+re-traces the captured graph at those sizes (a size input arrives as an int and is baked in like any other
+constant). At most `MAX_SHAPES` shapes per graph get their own compile; past
 them, and for a shape whose compile falls back, the captured graph runs as Dynamo gave it.
 
 Why not just run the captured graph: it is not eager. Traced, Hugging Face models build their attention masks
