@@ -16,7 +16,7 @@ import itertools
 import weakref
 from dataclasses import dataclass
 
-from brrr.compile.sizes import expr_text, known_true, proven, size
+from brrr.compile.sizes import expr_text, known_true, size
 
 
 @dataclass(frozen=True)
@@ -88,12 +88,12 @@ class Ix:
 
     def __mul__(self, k):
         k = size(k)
-        if proven(k == 0):
+        if known_true(k == 0):
             return Ix()
         if not _nonzero(self.terms):
             return Ix([Term(t.base, t.brange, t.div, t.mod, t.coeff * k) for t in self.terms], self.const * k)
         # scaling by k != 0 keeps canonical terms canonical: no term vanishes, merges or moves
-        if proven(k == 1):
+        if known_true(k == 1):
             return self
         return _made(tuple(Term(t.base, t.brange, t.div, t.mod, t.coeff * k) for t in self.terms), self.const * k)
 
@@ -101,42 +101,42 @@ class Ix:
 
     def __floordiv__(self, k):
         k = size(k)
-        if proven(k == 1):
+        if known_true(k == 1):
             return self
         mx = self.max()
-        if mx is not None and proven(mx < k) and proven(self.const >= 0):
+        if mx is not None and known_true(mx < k) and known_true(self.const >= 0):
             return Ix()
-        high = [t for t in self.terms if proven(t.coeff % k == 0)]
-        low = [t for t in self.terms if not proven(t.coeff % k == 0)]
+        high = [t for t in self.terms if known_true(t.coeff % k == 0)]
+        low = [t for t in self.terms if not known_true(t.coeff % k == 0)]
         ch, cl = self.const // k, self.const % k   # divmod takes no SymInt
         low_max = Ix(low, cl).max()
-        if low_max is not None and proven(low_max < k):
+        if low_max is not None and known_true(low_max < k):
             return Ix([Term(t.base, t.brange, t.div, t.mod, t.coeff // k) for t in high], ch)
-        if len(low) == 1 and proven(cl == 0) and not high:
+        if len(low) == 1 and known_true(cl == 0) and not high:
             t = low[0]
-            if proven(k % t.coeff == 0):
+            if known_true(k % t.coeff == 0):
                 k2 = k // t.coeff
                 if t.mod is None:
                     return Ix([Term(t.base, t.brange, t.div * k2, None, 1)], ch)
-                if proven(t.mod % k2 == 0):
+                if known_true(t.mod % k2 == 0):
                     return Ix([Term(t.base, t.brange, t.div * k2, t.mod // k2, 1)], ch)
         return _opaque(self, k, None)
 
     def __mod__(self, k):
         k = size(k)
-        if proven(k == 1):
+        if known_true(k == 1):
             return Ix()
-        keep = [t for t in self.terms if not proven(t.coeff % k == 0)]
+        keep = [t for t in self.terms if not known_true(t.coeff % k == 0)]
         rest = Ix(keep, self.const % k)
         mx = rest.max()
-        if mx is not None and proven(mx < k):
+        if mx is not None and known_true(mx < k):
             return rest
         if len(keep) == len(self.terms):
-            if len(keep) == 1 and proven(rest.const == 0):
+            if len(keep) == 1 and known_true(rest.const == 0):
                 t = keep[0]
-                if proven(k % t.coeff == 0):
+                if known_true(k % t.coeff == 0):
                     k2 = k // t.coeff
-                    if t.mod is None or proven(t.mod % k2 == 0):
+                    if t.mod is None or known_true(t.mod % k2 == 0):
                         return Ix([Term(t.base, t.brange, t.div, k2, t.coeff)])
             return _opaque(rest, 1, k)
         # Multiples of k dropped and a modulo still needed: take it of the whole sum, the base `//` opaques
@@ -149,15 +149,15 @@ class Ix:
         parts = []
         for t in self.terms:
             s = t.base if isinstance(t.base, str) else name_of(t.base)
-            divided = not proven(t.div == 1)   # a symbolic divisor or factor is written out, even where it is 1
+            divided = not known_true(t.div == 1)   # a symbolic divisor or factor is written out, even where it is 1
             if divided:
                 s = f"{s} // {t.div}"
             if t.mod is not None:
                 s = f"({s}) % {t.mod}" if divided else f"{s} % {t.mod}"
-            if not proven(t.coeff == 1):
+            if not known_true(t.coeff == 1):
                 s = f"({s}) * {t.coeff}" if (divided or t.mod is not None) else f"{s} * {t.coeff}"
             parts.append(s)
-        if not parts or not proven(self.const == 0):
+        if not parts or not known_true(self.const == 0):
             parts.append(expr_text(self.const))
         return " + ".join(parts)
 
@@ -184,11 +184,11 @@ def _simplify(t):
     if t.coeff == 0:
         return None
     mod = t.mod
-    if mod is not None and t.brange is not None and proven(t.brange <= t.div * mod):
+    if mod is not None and t.brange is not None and known_true(t.brange <= t.div * mod):
         mod = None
-    if mod is not None and proven(mod == 1):
+    if mod is not None and known_true(mod == 1):
         return None
-    if t.brange is not None and proven(t.brange <= t.div):
+    if t.brange is not None and known_true(t.brange <= t.div):
         return None
     return Term(t.base, t.brange, t.div, mod, t.coeff)
 
@@ -232,7 +232,7 @@ def _meet(a, b):
 
 def _merges(t1, t2):
     """The rule of `_canonical`'s second pass: (b//a % m1)*c and (b//(a*m1) % m2)*(c*m1) are one term."""
-    return (t1.mod is not None and proven(t2.div == t1.div * t1.mod) and proven(t2.coeff == t1.coeff * t1.mod)
+    return (t1.mod is not None and known_true(t2.div == t1.div * t1.mod) and known_true(t2.coeff == t1.coeff * t1.mod)
             and _bkey(t2.base) == _bkey(t1.base))
 
 
@@ -276,8 +276,8 @@ def _canonical(terms):
             if t1.mod is None or k1 not in merged:
                 continue
             for k2, t2 in list(merged.items()):
-                if (k2 != k1 and _bkey(t2.base) == k1[0] and proven(t2.div == t1.div * t1.mod)
-                        and proven(t2.coeff == t1.coeff * t1.mod)):
+                if (k2 != k1 and _bkey(t2.base) == k1[0] and known_true(t2.div == t1.div * t1.mod)
+                        and known_true(t2.coeff == t1.coeff * t1.mod)):
                     new = _simplify(Term(t1.base, t1.brange, t1.div,
                                          None if t2.mod is None else t1.mod * t2.mod, t1.coeff))
                     del merged[k1], merged[k2]
@@ -313,10 +313,10 @@ def unflatten(flat, shape, order=None):
     order = tuple(reversed(range(len(shape)))) if order is None else order
     idx, stride = [Ix()] * len(shape), 1
     # a symbolic size not proven to be 1 (a chunk length of ceil(n / 40)) is indexed as a dim: right at 1 too
-    outermost = next((d for d in reversed(order) if not proven(shape[d] <= 1)), None)
+    outermost = next((d for d in reversed(order) if not known_true(shape[d] <= 1)), None)
     for d in order:
         size = shape[d]
-        if not proven(size <= 1):
+        if not known_true(size <= 1):
             idx[d] = flat // stride if d == outermost else (flat // stride) % size
         stride *= size if type(size) is not int else max(size, 1)   # symbolic sizes are never 0 (Dynamo's rule)
     return idx

@@ -18,7 +18,7 @@ import re
 
 from brrr.compile import ir
 from brrr.compile.indexing import Ix, Opaque, linear
-from brrr.compile.sizes import hint, proven, same, size
+from brrr.compile.sizes import hint, known_true, same, size
 
 _DIM = "@"                      # index variables of the probe: "@0", "@1", ... (never rendered into a kernel)
 _DIM_IN = re.compile(r"@(\d+)")
@@ -33,7 +33,7 @@ def order_of(strides, shape):
     outermost; ties keep row-major order (the later dim inner)."""
     def key(d):
         s = strides[d]
-        if not s or proven(shape[d] == 1):
+        if not s or known_true(shape[d] == 1):
             return (1, 0, -d)
         return (0, abs(hint(s)), -d)   # symbolic strides ordered at their hints: any order computes right
     return tuple(sorted(range(len(shape)), key=key))
@@ -50,12 +50,12 @@ def dense_strides(shape, order):
 
 def innermost(shape, order):
     """The innermost dim of size > 1, or None."""
-    return next((d for d in order if not proven(shape[d] == 1)), None)
+    return next((d for d in order if not known_true(shape[d] == 1)), None)
 
 
 def dim_vars(shape):
     """One index variable per dim (a constant 0 for size-1 dims): evaluate a node at these to probe strides."""
-    return [Ix() if proven(s == 1) else Ix.var(f"{_DIM}{d}", s) for d, s in enumerate(shape)]
+    return [Ix() if known_true(s == 1) else Ix.var(f"{_DIM}{d}", s) for d, s in enumerate(shape)]
 
 
 def access_strides(index, ndim):

@@ -34,7 +34,7 @@ import os
 
 import torch
 
-from brrr.compile.sizes import hint, proven
+from brrr.compile.sizes import hint, known_true
 
 aten = torch.ops.aten
 
@@ -78,14 +78,14 @@ def _alignment(elements, item):
     """The largest power of two (at most ALIGN_BYTES) dividing a leading dimension of `elements`, in bytes (of a
     symbolic one, the largest the ShapeEnv proves)."""
     if type(elements) is not int:
-        return next((a for a in (16, 8, 4, 2) if a <= ALIGN_BYTES and proven(elements * item % a == 0)), 1)
+        return next((a for a in (16, 8, 4, 2) if a <= ALIGN_BYTES and known_true(elements * item % a == 0)), 1)
     b = elements * item
     return min(b & -b, ALIGN_BYTES) if b else ALIGN_BYTES
 
 
 def _lead_alignment(t, lead):
     """The alignment in bytes of matrix t's leading dimension (ALIGN_BYTES for a vector)."""
-    if any(proven(s == 1) for s in t.shape[-2:]):
+    if any(known_true(s == 1) for s in t.shape[-2:]):
         return ALIGN_BYTES
     return _alignment(t.stride()[-1 if lead == -2 else -2], t.element_size())
 
@@ -95,12 +95,12 @@ def _leading_dim(t):
     whether that leading dimension is aligned. None when cuBLAS reads neither way (it copies such operands)."""
     size, stride = t.shape[-2:], t.stride()[-2:]
     align = ALIGN_BYTES // t.element_size()
-    if proven(size[0] == 1) or proven(size[1] == 1):
+    if known_true(size[0] == 1) or known_true(size[1] == 1):
         return -1, True   # a vector: no leading dimension to align
-    if proven(stride[1] == 1):
-        return -1, proven(stride[0] % align == 0)
-    if proven(stride[0] == 1):
-        return -2, proven(stride[1] % align == 0)
+    if known_true(stride[1] == 1):
+        return -1, known_true(stride[0] % align == 0)
+    if known_true(stride[0] == 1):
+        return -2, known_true(stride[1] % align == 0)
     return None
 
 
@@ -167,12 +167,12 @@ def _consider(gm, node, pads):
         need.add("M" if lead_a[0] == -2 else "K")
     if not lead_b[1]:
         need.add("K" if lead_b[0] == -2 else "N")
-    if not proven(n % align == 0) and not proven(n == 1):
+    if not known_true(n % align == 0) and not known_true(n == 1):
         need.add("N")   # ATen writes the result row-major: its leading dimension is N
     if not need:
         return None
     worst = min(_lead_alignment(va, lead_a[0]), _lead_alignment(vb, lead_b[0]),
-                ALIGN_BYTES if proven(n == 1) else _alignment(n, out.element_size()))
+                ALIGN_BYTES if known_true(n == 1) else _alignment(n, out.element_size()))
     name = getattr(node.target, "__name__", str(node.target))
     shape = f"{list(va.shape)} @ {list(vb.shape)}"
     sizes = {"M": m, "K": k, "N": n}
@@ -282,8 +282,8 @@ def _rewrite(gm, node, bias, a, b, dims, pads):
     args = list(node.args)
     if bias is not None:
         vb = _val(bias)
-        last = pn if vb.dim() >= 1 and not proven(vb.shape[-1] == 1) else 0
-        second = pm if vb.dim() >= 2 and not proven(vb.shape[-2] == 1) else 0
+        last = pn if vb.dim() >= 1 and not known_true(vb.shape[-1] == 1) else 0
+        second = pm if vb.dim() >= 2 and not known_true(vb.shape[-2] == 1) else 0
         args[0] = _pad(gm, node, bias, last, second, pads)
         args[1], args[2] = a2, b2
     else:

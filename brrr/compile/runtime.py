@@ -259,20 +259,21 @@ class CompiledGraph:
         out = self._first_call(args)
         self.verified = True
         if self.cuda_graphs and self.call != self._aten_call:   # bound methods: equal, never identical
-            self._new_graph(args)
             if self.shape_key is not None:
                 self.shape = self.shape_key(args)
-                self.shapes[self.shape] = (self.graphed, self.trial)
+            self._new_graph(args)
         return out
 
     def _new_graph(self, args):
-        """A CUDA graph for these args' shape (captured on its next call) and, with "auto", its trial."""
+        """A CUDA graph for these args, of shape `self.shape` (captured on its next call) and, with "auto", its
+        trial; a symbolic graph keeps them as that shape's."""
         self.graphed = GraphedCall(self.call, args, self.lend, self.pin, pool=self.pool)
         self.trial = None
         if self.cuda_graphs == "auto":
             leader = self.lender.trial if self.lender is not None else None
-            sizes_ = None if self.shape_key is None else self.shape_key(args)
-            self.trial = ReplayTrial(self.kind, leader=leader, sizes=sizes_)
+            self.trial = ReplayTrial(self.kind, leader=leader, sizes=self.shape)
+        if self.shape_key is not None:
+            self.shapes[self.shape] = (self.graphed, self.trial)
 
     def _switch_shape(self, key, args):
         """Make `key`'s CUDA graph and trial the current ones; True when the shape is new here (this call then
@@ -291,7 +292,6 @@ class CompiledGraph:
                       f"graphs; calls at other shapes launch their kernels")
             return False
         self._new_graph(args)
-        self.shapes[key] = (self.graphed, self.trial)
         return True
 
     def _run_trial(self, args):

@@ -65,19 +65,16 @@ def _printer():
 
 def known_true(cond):
     """Whether `cond` (a bool, or a SymBool of sizes) holds for every size the graph may be called with, as
-    far as the ShapeEnv can prove without a guard (False when it cannot)."""
+    far as the ShapeEnv can prove without a guard (False when it cannot). What the planner's simplifications
+    (merge two index terms, drop a size-1 dim) ask: each is right untaken, and deciding it at the hint would
+    pin the sizes with a guard, a recompile whenever they differ. A static graph's bool is returned as it is."""
+    if type(cond) is bool:
+        return cond
     if isinstance(cond, torch.SymBool):
         from torch.fx.experimental.symbolic_shapes import statically_known_true
 
         return statically_known_true(cond)
     return bool(cond)
-
-
-def proven(cond):
-    """A comparison of sizes: as it is for ints; for symbolic ones, whether the ShapeEnv proves it without a
-    guard. For the planner's simplifications (merge two index terms, drop a size-1 dim), which are right
-    untaken: deciding them at the hint would pin the sizes with a guard, a recompile whenever they differ."""
-    return cond if type(cond) is bool else known_true(cond)
 
 
 def cdiv(a, b):
