@@ -120,12 +120,22 @@ def reads_across_rows(value, shape, dims):
     """Whether a row reduction over `dims` also loads a large tensor (a quarter of the space or more) whose
     innermost dim is a kept one: a gradient that reaches a layer norm through a transpose (MLP-Mixer's token
     mixing). Walking rows, neighbouring lanes of that load sit a whole row apart."""
+    return _large_input_innermost(value, shape, dims, reduced=False)
+
+
+def reads_along_rows(value, shape, dims):
+    """Whether a column reduction over `dims` also loads a large tensor whose innermost dim is a reduced one
+    (the same layer norm's backward, seen from its weight gradient): its tile must be long along the rows too."""
+    return _large_input_innermost(value, shape, dims, reduced=True)
+
+
+def _large_input_innermost(value, shape, dims, reduced):
     space = 1
     for dim in shape:
         space *= hint(dim)   # a heuristic: at the hint sizes
     for order, elements, _ in input_orders(value, shape):
         inner = innermost(shape, order)
-        if inner is not None and inner not in dims and 4 * hint(elements) >= space:
+        if inner is not None and (inner in dims) == reduced and 4 * hint(elements) >= space:
             return True
     return False
 

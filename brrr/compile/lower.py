@@ -325,6 +325,8 @@ def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype
     part = ir.reduction(L.fresh("red"), pshape, part_dtype, partial_body, pspace, pdims, rtype, fx=fx, ops=ops)
     part.meta.update(acc_dtype=acc_dtype, device=device_of(x), order=layout.row_major(3),
                      fake=torch.empty(pshape, dtype=part_dtype, device="meta"))
+    if column:   # seen here, in x's own dims: the partial's rows unflatten through a division the layout check skips
+        part.meta["reads_along_rows"] = layout.reads_along_rows(x(layout.dim_vars(src_shape)), src_shape, dims)
     L.add(part)
 
     # the final kernel: space out_shape + (C,), reducing C; an output's index numbers its kept element xi

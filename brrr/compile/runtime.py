@@ -452,8 +452,10 @@ def build(plan, gm, cuda_graphs=False, kind="graph", matmul_templates=None):
             launches.append(ks)
             kernel_steps[ks.name] = step
             descriptors = getattr(ks, "descriptors", {})
-            args = [f"tma_descriptor({var(a)}, {descriptors[i][0]}, {descriptors[i][1]})" if i in descriptors
-                    else var(a) for i, a in enumerate(ks.args)] + list(ks.symbols)
+            writes = getattr(ks, "stored_through", None)
+            args = [f"tma_descriptor({var(a)}, {descriptors[i][0]}, {descriptors[i][1]}"
+                    f"{', writes=True' if i == writes else ''})" if i in descriptors else var(a)
+                    for i, a in enumerate(ks.args)] + list(ks.symbols)
             if any(isinstance(g, torch.SymInt) for g in ks.grid):   # the grid too is known at call time
                 args.append(f"grid={const(tuple(ks.grid))}")
             lines.append(f"    {ks.name}({', '.join(args)})  # grid {ks.grid}, {ks.meta}")
@@ -625,13 +627,16 @@ def symbol_bindings(placeholders, named=()):
     return lines
 
 
-def tma_descriptor(t, block, transposed):
+def tma_descriptor(t, block, transposed, writes=False):
     """A TMA descriptor of matrix `t` (transposed first where its unit stride is its first), read in `block`
     tiles. TMA reads 16-byte aligned memory only: a tensor that arrives off that alignment (a graph input sliced
-    at an odd offset) is read from an aligned copy."""
+    at an odd offset) is read from an aligned copy. A descriptor the kernel `writes` through is of a buffer the
+    graph allocated (aligned): a copy would lose the writes, so misalignment there is an error."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     if t.data_ptr() % 16:
+        if writes:
+            raise RuntimeError(f"brrr: a TMA store into memory at {t.data_ptr():#x}, off 16-byte alignment")
         t = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
     return TensorDescriptor.from_tensor(t.t() if transposed else t, list(block))
 

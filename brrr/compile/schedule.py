@@ -30,7 +30,8 @@ class Kernel:
     closed: bool = False               # takes no other roots (an accumulating scatter and its init)
     order: tuple = ()                  # dims of S innermost first: the memory order the flat index walks
     tile: int = 0                      # pointwise layout change: order[:tile] walk xindex, the rest yindex
-    across: bool = False               # a row reduction that also reads a large input along its kept dims
+    across: bool = False               # a reduction that also reads a large input against its memory order:
+    #                                    along the kept dims (a row reduction), or the reduced ones (a column one)
     members: list = field(default_factory=list)   # every IR node it computes (roots and what they inline)
 
     @property
@@ -393,12 +394,14 @@ class Scheduler:
 
     def choose_tiles(self):
         """A pointwise kernel whose largest input (touching at least half its elements) has another innermost
-        dim than the kernel's order loads and stores through [YBLOCK, XBLOCK] tiles (layout.tile_split). A row
-        reduction that reads a large input across its rows (`Kernel.across`) gets tiles wide both ways."""
+        dim than the kernel's order loads and stores through [YBLOCK, XBLOCK] tiles (layout.tile_split). A
+        reduction that reads a large input against its own order (`Kernel.across`) gets tiles wide both ways."""
         for kind, k in self.steps:
-            if kind == "kernel" and k.dims and not k.closed and not k.is_column():
-                k.across = any(layout.reads_across_rows(self.evaluate(k, root, layout.dim_vars(k.shape))[0],
-                                                        k.shape, k.dims) for root in k.roots)
+            if kind == "kernel" and k.dims and not k.closed:
+                against = layout.reads_along_rows if k.is_column() else layout.reads_across_rows
+                k.across = any(root.meta.get("reads_along_rows") or
+                               against(self.evaluate(k, root, layout.dim_vars(k.shape))[0], k.shape, k.dims)
+                               for root in k.roots)
             if kind != "kernel" or k.dims or k.closed or len(k.shape) < 2:
                 continue
             main = None

@@ -29,7 +29,7 @@ from brrr.compile.runtime import load_kernel
 INT32_LIMIT = 2 ** 31
 MAX_BLOCK = 256        # no config's tile side is longer: rows and columns past M, N stay within this of them
 MAX_BATCH = 65535      # the CUDA grid's second axis
-_KERNELS = {}          # (dtype, epilogue, tf32, wide, tma, interpreted, device) -> JITFunction
+_KERNELS = {}          # (dtype, epilogue, tf32, wide, tma, interpreted, device, store) -> JITFunction
 INTERPRETED_SMS = 3    # programs of the persistent kernel under the interpreter: each walks several tiles
 
 
@@ -47,16 +47,16 @@ def _wide(tensors):
     return False
 
 
-def kernel(dtype, epilogue, tf32, wide, device, tma=False):
+def kernel(dtype, epilogue, tf32, wide, device, tma=False, store_descriptor=False):
     """The template's JITFunction for these choices, generated and loaded once per process."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    key = (dtype, epilogue, tf32, wide, tma, interpreted, _device_name(device))
+    key = (dtype, epilogue, tf32, wide, tma, interpreted, _device_name(device), store_descriptor)
     if key not in _KERNELS:
         if tma:
-            src = generate_tma(dtype, epilogue, wide=wide, interpreted=interpreted)
+            src = generate_tma(dtype, epilogue, wide=wide, interpreted=interpreted, store_descriptor=store_descriptor)
         else:
             src = generate(dtype, epilogue, tf32=tf32, wide=wide, interpreted=interpreted)
-        _KERNELS[key] = load_kernel(src.source, src.name, key[-1])
+        _KERNELS[key] = load_kernel(src.source, src.name, key[6])
     return _KERNELS[key]
 
 
@@ -126,7 +126,10 @@ def _launch_tma(a, b, out, epilogue, extra, plan, m, n, k):
     a_desc = TensorDescriptor.from_tensor(a2, a_block)
     b_desc = TensorDescriptor.from_tensor(b2, b_block)
     tensors = [a, b, out] + [x for x in extra if isinstance(x, torch.Tensor)]
-    fn = kernel(a.dtype, epilogue, False, _wide(tensors), a.device, tma=True)
+    # the product leaves through a descriptor where the output takes one (row-major, 16-byte rows, aligned)
+    out_view = _descriptor_view(out[0]) if out.dtype == a.dtype else None
+    store_descriptor = out_view is not None and not out_view[1]
+    fn = kernel(a.dtype, epilogue, False, _wide(tensors), a.device, tma=True, store_descriptor=store_descriptor)
     if a.device.type == "cuda":
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     else:
@@ -136,7 +139,8 @@ def _launch_tma(a, b, out, epilogue, extra, plan, m, n, k):
     grid = (max(1, min(sms, tile.tiles(m, n))),)
     meta = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m, A_T=a_t,
                 B_T=b_t, NUM_SMS=sms, num_warps=tile.num_warps, num_stages=tile.num_stages)
-    args = (a_desc, b_desc, out, *extra, m, n, k, out.stride(1), out.stride(2))
+    out_arg = TensorDescriptor.from_tensor(out[0], [tile.block_m, tile.block_n // 2]) if store_descriptor else out
+    args = (a_desc, b_desc, out_arg, *extra, m, n, k, out.stride(1), out.stride(2))
     _on_device(fn, grid, args, meta, a.device)
     return out
 

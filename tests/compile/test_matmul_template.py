@@ -344,14 +344,29 @@ def test_tma_template_matches_float64_in_every_orientation(dtype, a_t, b_t):
     ref = F.gelu(torch.addmm(bias.double(), a.double(), b.double()))
     assert_half_close(out, F.gelu(torch.addmm(bias, a, b).float()).to(dtype), ref)
     assert out.stride() == (n, 1)
+    assert any(key[0] == dtype and key[-1] for key in _tma_kernels())   # row-major: stored through a descriptor
 
 
 @pytest.mark.parametrize("m,n", [(64, 96), (32, 32)])   # 6 tiles for 3 programs; 1 tile, fewer than programs
 def test_tma_template_writes_through_the_output_strides(m, n):
     a, b = torch.randn(m, 48, dtype=torch.float16), torch.randn(48, n, dtype=torch.float16)
-    out = torch.zeros(n, m, dtype=torch.float16).t()     # column-major output
+    out = torch.zeros(n, m, dtype=torch.float16).t()     # column-major output: no descriptor takes it
+    template_mm._KERNELS.clear()
     mm(a, b, out, config=SMALL_TILE, tma=True)
     assert_half_close(out, (a.float() @ b.float()).half(), a.double() @ b.double())
+    assert _tma_kernels() and not any(key[-1] for key in _tma_kernels())
+
+
+@pytest.mark.parametrize("m,n", [(72, 88), (40, 24)])   # edges clipped by the copy engine; fewer tiles than programs
+def test_tma_template_stores_a_row_major_product_through_a_descriptor(m, n):
+    a, b = torch.randn(m, 48, dtype=torch.float16), torch.randn(n, 48, dtype=torch.float16).t()
+    canary = torch.full((m + 1, n), 7.0, dtype=torch.float16)
+    out = canary[:m]                                     # the row past the product must stay untouched
+    template_mm._KERNELS.clear()
+    mm(a, b, out, config=SMALL_TILE, tma=True)
+    assert [key[-1] for key in _tma_kernels()] == [True]
+    assert_half_close(out, (a.float() @ b.float()).half(), a.double() @ b.double())
+    assert torch.equal(canary[m], torch.full((n,), 7.0, dtype=torch.float16))
 
 
 @pytest.mark.parametrize("case", ["unaligned-stride", "unaligned-base", "batched", "fp32", "no-unit-stride"])
@@ -402,27 +417,33 @@ def test_tma_template_runs_on_hopper_only_unless_forced(monkeypatch):
     assert matmul_configs.fits(matmul_configs.TMA_CONFIG, torch.bfloat16)
 
 
-@pytest.mark.parametrize("dtype,a_t,b_t", [(torch.bfloat16, False, True), (torch.float16, True, False),
-                                          (torch.bfloat16, False, False)])
-def test_tma_source_compiles_for_sm90_to_bulk_tensor_copies_and_warpgroup_mma(dtype, a_t, b_t, tmp_path):
+@pytest.mark.parametrize("dtype,a_t,b_t,store", [(torch.bfloat16, False, True, False),
+                                                (torch.float16, True, False, False),
+                                                (torch.bfloat16, False, False, False),
+                                                (torch.bfloat16, False, True, True)])
+def test_tma_source_compiles_for_sm90_to_bulk_tensor_copies_and_warpgroup_mma(dtype, a_t, b_t, store, tmp_path):
     """What a Hopper GPU would run for the TMA template (no GPU needed), in a process of its own: operand tiles
-    arrive by TMA bulk tensor copies, the product is a warpgroup MMA, and the tile fits shared memory."""
+    arrive by TMA bulk tensor copies, the product is a warpgroup MMA, and the tile fits shared memory. With
+    `store`, the product leaves by a bulk tensor copy from shared memory to global memory too."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     from brrr.compile.codegen.matmul_template_tma import generate_tma
     config = matmul_configs.TMA_CONFIG
-    src = generate_tma(dtype, chain(Bias(), Activation("gelu_tanh")))
+    src = generate_tma(dtype, chain(Bias(), Activation("gelu_tanh")), store_descriptor=store)
     path = tmp_path / f"{src.name}.py"
     short = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     a_block = [config.block_k, config.block_m] if a_t else [config.block_m, config.block_k]
     b_block = [config.block_n, config.block_k] if b_t else [config.block_k, config.block_n]
+    out_type = f"tensordesc<{short}{[config.block_m, config.block_n // 2]}>" if store else f"*{short}"
     types = dict(a_desc=f"tensordesc<{short}{a_block}>", b_desc=f"tensordesc<{short}{b_block}>",
-                 out_ptr=f"*{short}", bias_ptr=f"*{short}")
+                 out_ptr=out_type, bias_ptr=f"*{short}")
     consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
                   A_T=a_t, B_T=b_t, NUM_SMS=132, stride_on=1, stride_biasn=1, stride_biasm=0, stride_biasb=0)
     result = _compiled_for_sm90(src, path, types, consts, config)
     kind = {torch.bfloat16: "bf16.bf16", torch.float16: "f16.f16"}[dtype]
     assert result["mma"] and all(op.startswith("wgmma") and kind in op for op in result["mma"]), result
     assert result["tma"] and not result["copies"], result     # no cp.async: every operand tile comes by TMA
+    stores = [op for op in result["tma"] if ".global.shared" in op]
+    assert bool(stores) == store, result
     # the pipeline's operand tiles and, beyond `shared_bytes`, the epilogue's layout conversion: within the SM
     assert config.shared_bytes(dtype.itemsize) <= result["shared"] <= SHARED_MEMORY, result
-    assert re.fullmatch(r"brrr_mm_tma_\w+", src.name)
+    assert re.fullmatch(r"brrr_mm_tma_store_\w+" if store else r"brrr_mm_tma_(?!store)\w+", src.name)

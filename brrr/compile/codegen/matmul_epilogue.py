@@ -18,7 +18,7 @@ import torch
 
 from brrr.compile import ir
 from brrr.compile.codegen.matmul_template import Epilogue, Tile, generate
-from brrr.compile.codegen.matmul_template_tma import DTYPES as TMA_DTYPES, generate_tma
+from brrr.compile.codegen.matmul_template_tma import DTYPES as TMA_DTYPES, descriptor_layout, generate_tma
 from brrr.compile.codegen.triton import Codegen, KernelSource, Scope, needs_int64
 from brrr.compile.matmul_configs import default_config
 
@@ -102,13 +102,16 @@ def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_o
     ops = sorted({o for nd in cg.ops_nodes | {mm} for o in nd.ops if o not in ("view", "_unsafe_view", "alias")})
     if tma is not None:
         a_t, b_t = tma_operands(mm, a, b)
+        # the product (a fresh row-major buffer) leaves through a descriptor where its rows are 16-byte multiples
+        store_descriptor = store_product and descriptor_layout((m, n), (n, 1), 0, mm.dtype.itemsize)
         source = generate_tma(mm.dtype, epilogue, wide=wide, interpreted=interpreted,
                               baked=dict(M=m, N=n, K=k, stride_om=n, stride_on=1),
                               pointers=("in_ptr0", "in_ptr1", "out_ptr0"), store_product=store_product, name=name,
-                              order=order, helpers=cg.helpers)
+                              order=order, helpers=cg.helpers, store_descriptor=store_descriptor)
         src = KernelSource(name, source.source, args, (), {}, ops, 0, list(cg.outputs),
                            sorted(cg.ops_nodes | {mm}, key=lambda nd: nd.name))
         src.tma = dict(A_T=a_t, B_T=b_t, NUM_SMS=_sms(mm))
+        src.stored_through = args.index(mm) if store_descriptor else None
         return with_config(src, tma, mm, k)
     config = default_config(m, n, k, mm.dtype, batch)
     sa, sb = strides_of(a), strides_of(b)
@@ -170,7 +173,8 @@ def _offset(node):
 def with_config(src, config, mm, k):
     """`src` (a fused kernel) launched with another tile: the same source, other constexprs and grid. A TMA
     kernel's grid is one program per SM (or per tile, when there are fewer), and its operands go in as
-    descriptors of the tile's blocks (`descriptors`: argument position -> (block shape, transposed))."""
+    descriptors of the tile's blocks (`descriptors`: argument position -> (block shape, transposed)), and so does
+    the product where the kernel stores it through one (`stored_through`: its argument position)."""
     batch, m, n = mm.shape if len(mm.shape) == 3 else (1, *mm.shape)
     tma = getattr(src, "tma", None)
     if tma is None:
@@ -181,9 +185,12 @@ def with_config(src, config, mm, k):
     out = KernelSource(src.name, src.source, src.args, (max(1, min(tma["NUM_SMS"], config.tiles(m, n))),), meta,
                        src.ops, src.bytes, src.stores, src.nodes)
     out.tma = tma
+    out.stored_through = getattr(src, "stored_through", None)
     a_block = (config.block_k, config.block_m) if tma["A_T"] else (config.block_m, config.block_k)
     b_block = (config.block_n, config.block_k) if tma["B_T"] else (config.block_k, config.block_n)
     out.descriptors = {0: (a_block, tma["A_T"]), 1: (b_block, tma["B_T"])}
+    if out.stored_through is not None:
+        out.descriptors[out.stored_through] = ((config.block_m, config.block_n // 2), False)
     return out
 
 
