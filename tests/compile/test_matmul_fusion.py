@@ -321,6 +321,10 @@ def test_a_trained_block_with_a_tma_epilogue_matches_eager(tma_templates):
     x = torch.randn(40, 32).to(torch.bfloat16)
     ex = brrr.explain(copy.deepcopy(model), x.clone().requires_grad_(), train=True)
     assert any(m.runs_as.startswith("TMA template") for m in ex.matmuls if m.graph == "forward")
+    # the first product (48 bf16 = 96-byte rows) is saved for the backward: the kernel stores it through a
+    # descriptor, and the GELU beside it through pointers
+    stored = [k for k in ex.kernels if "out_ptr0.store([" in k.source]
+    assert stored and all("tl.store(" in k.source for k in stored), [k.name for k in ex.kernels]
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     y = brrr.compile(ours)(x2)
     y.float().sum().backward()
@@ -348,6 +352,17 @@ def test_an_unaligned_input_is_read_from_an_aligned_copy(tma_templates):
     odd = base[1:].view(40, 32)
     assert odd.data_ptr() % 16
     torch.testing.assert_close(compiled(odd, w, b), f(odd, w, b), atol=2e-2, rtol=2e-2)
+
+
+def test_a_tma_descriptor_written_through_refuses_unaligned_memory():
+    """A copy would lose what the kernel writes: a store descriptor of memory off 16-byte alignment is an error
+    (brrr stores only into buffers it allocated, which are aligned)."""
+    from brrr.compile.runtime import tma_descriptor
+
+    base = torch.zeros(41 * 32, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="16-byte alignment"):
+        tma_descriptor(base[1:1 + 40 * 32].view(40, 32), (16, 16), False, writes=True)
+    assert tma_descriptor(base[:40 * 32].view(40, 32), (16, 8), False, writes=True).base.data_ptr() == base.data_ptr()
 
 
 def test_a_tma_descriptor_of_unaligned_memory_reads_an_aligned_copy():
