@@ -1,9 +1,10 @@
 """GPU acceptance for layout-aware kernels (issue 14): do they reach the copy roof on channels_last and
 transposed tensors?
 
-Last run 2026-11-26 on an H100 at 3a65eef (results/probes/2026-11-26-h100-3a65eef-layout-kernels.log): brrr at
+Runs on 2026-11-26: an H100 at 3a65eef (results/probes/2026-11-26-h100-3a65eef-layout-kernels.log): brrr at
 97.9% of copy for BN+ReLU, 99.7% add+ReLU, 92.2% the transpose, 97.3% the channels_last layer norm, 55.5% BN
-statistics (Inductor 69.1%; by the profiler's device time brrr's statistics kernels run at 81%, see NOTES).
+statistics (Inductor 69.1%); an H200 at 17e2749 (`...-h200-17e2749-layout-kernels.log`): 84.6%, 101.0%, 91.3%,
+95.4%, and BN statistics 72.1% (Inductor 62.6%; NOTES says what holds them there).
 The acceptance asks for >= 85% of copy bandwidth from brrr on each of: inference batch norm + ReLU, add + ReLU
 and training batch-norm statistics on a [64, 256, 56, 56] channels_last bf16 tensor, and a [8192, 8192] bf16
 transpose (`x.t().contiguous()`); the channels_last layer norm over C ([64, 56, 56, 256], a permuted view of a
