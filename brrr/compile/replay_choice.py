@@ -25,12 +25,16 @@ the forward's periods span whole steps, its backward included, whichever way tha
 (inference, a backward whose forward decided before it first ran) times its own periods.
 A graph planned at symbolic sizes has a CUDA graph per shape, and a trial per shape: a short sequence can be
 host-bound where a long one is not. Every verdict is logged (`DECISIONS`), and `brrr explain` lists them.
+In a process group of several ranks (DDP, FSDP2) the ranks agree on each verdict, by the slowest rank's periods
+(among_ranks.py): a rank launching a graph another replays would wait for it at every collective.
 """
 
 import time
 from dataclasses import dataclass
 
 import torch
+
+from brrr.compile import among_ranks
 
 SAMPLES = 5          # timed calls each way
 TRIAL_CALLS = 1 + 1 + 2 * SAMPLES + 1   # the checking call, the capture, the timed calls in turn, and the
@@ -69,10 +73,11 @@ class ReplayTrial:
     launches and replays in turn, so both ways see the same host and allocator (the first calls of a training
     loop still grow the caching allocator, which slows whichever way runs then). `leader`: on a backward's
     trial, its forward's, which times the steps and decides for both. `run(call, graphed, args)` returns
-    (outputs, whether they came from a replay)."""
+    (outputs, whether they came from a replay). `label` (among_ranks.signature), given in a process group of
+    several ranks: the name under which the ranks agree on this graph's verdict."""
 
-    def __init__(self, kind, leader=None, sizes=None):
-        self.kind, self.leader, self.followers, self.sizes = kind, leader, [], sizes
+    def __init__(self, kind, leader=None, sizes=None, label=None):
+        self.kind, self.leader, self.followers, self.sizes, self.label = kind, leader, [], sizes, label
         if leader is not None:
             leader.followers.append(self)
         self.launched, self.replayed = [], []   # periods, seconds
@@ -91,7 +96,7 @@ class ReplayTrial:
         if not self.captured:
             out = graphed(args)
             if out is None:   # capture failed, or an input read in place has moved
-                self._decide(False, "its CUDA graph could not capture or replay these inputs")
+                self._cannot_replay()
                 return call(args), False
             self.captured = True
             return out, True
@@ -106,7 +111,7 @@ class ReplayTrial:
             return out, True
         if self.leader is None:   # an input read in place has moved: this graph cannot replay these inputs
             self.open = None
-            self._decide(False, "its CUDA graph could not capture or replay these inputs")
+            self._cannot_replay()
         return call(args), False   # a follower out of step (its forward launched): the forward's periods see it
 
     def _close_period(self):
@@ -117,11 +122,24 @@ class ReplayTrial:
         (self.replayed if replayed else self.launched).append(time.perf_counter() - start)
         self.open = None
 
+    def _cannot_replay(self):
+        if self.leader is None and self.label is not None:   # the other ranks then launch it too
+            among_ranks.agree(self.label, None, None)
+        self._decide(False, "its CUDA graph could not capture or replay these inputs")
+
     def _decide_by_periods(self):
         launch_s, replay_s = min(self.launched), min(self.replayed)
+        ranks = ""
+        agreed = among_ranks.agree(self.label, launch_s, replay_s) if self.label is not None else None
+        if agreed is not None:
+            launch_s, replay_s, world = agreed
+            if replay_s is None:
+                self._decide(False, f"a rank cannot capture or replay its CUDA graph: all {world} ranks launch")
+                return
+            ranks = f", the slowest of {world} ranks"
         wins = replay_s < MARGIN * launch_s
         with_backward = " over whole steps with its backward" if self.followers else ""
-        reason = ("faster replayed" if wins else "not faster replayed") + with_backward
+        reason = ("faster replayed" if wins else "not faster replayed") + with_backward + ranks
         self._decide(wins, reason, launch_s, replay_s)
 
     def _decide(self, replay, reason, launch_s=None, replay_s=None):

@@ -23,7 +23,7 @@ from collections import Counter
 
 import torch
 
-from brrr.compile import fallbacks, ir, kernel_registry, sizes
+from brrr.compile import among_ranks, fallbacks, ir, kernel_registry, sizes
 from brrr.compile.fallbacks import KernelFailed, MAX_REPLANS, debugging, is_out_of_memory, recover, warn_once
 from brrr.compile.graphs import GraphedCall, SharedPool
 from brrr.compile.inplace import reused_memory
@@ -271,7 +271,9 @@ class CompiledGraph:
         self.trial = None
         if self.cuda_graphs == "auto":
             leader = self.lender.trial if self.lender is not None else None
-            self.trial = ReplayTrial(self.kind, leader=leader, sizes=self.shape)
+            label = among_ranks.signature(self.kind, self.source, self.shape) \
+                if leader is None and among_ranks.process_group() is not None else None
+            self.trial = ReplayTrial(self.kind, leader=leader, sizes=self.shape, label=label)
         if self.shape_key is not None:
             self.shapes[self.shape] = (self.graphed, self.trial)
 

@@ -4,8 +4,8 @@ transformer under DDP or FSDP2, eagerly and compiled by brrr, on CPU with gloo; 
     RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=... python -m tests.compile.distributed_worker ddp OUT_DIR
 
 Writes OUT_DIR/rank<RANK>.pt: per run ("eager", "brrr") the loss and every parameter's full gradient at each
-step and the parameters after the last one; which runtime brrr returned for each graph Dynamo handed it; and
-how many brrr kernels each compiled step launched.
+step and the parameters after the last one; which runtime brrr returned for each graph Dynamo handed it; how
+many brrr kernels each compiled step launched; and a launch-or-replay agreement made through the group's store.
 """
 
 import os
@@ -21,6 +21,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from brrr.compile import among_ranks  # noqa: E402
 from brrr.compile.launch import Launcher  # noqa: E402
 from tests.compile.helpers import Recording  # noqa: E402
 
@@ -119,6 +120,9 @@ def main(kind, out_dir):
     launches, recording = LaunchCount(), Recording()
     result = {"eager": train(kind, None, launches), "brrr": train(kind, recording, launches),
               "runtimes": recording.runtimes}
+    # launch or replay agreed through the group's own store: each rank's periods, the slowest's verdict
+    rank = dist.get_rank()
+    result["agreed"] = among_ranks.agree("forward:test", 1e-3 * (rank + 1), 5e-4 * (rank + 2))
     torch.save(result, os.path.join(out_dir, f"rank{dist.get_rank()}.pt"))
     dist.barrier()
     dist.destroy_process_group()

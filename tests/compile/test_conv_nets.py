@@ -149,3 +149,27 @@ def test_resnet_block_channels_last_inference_has_no_layout_changes():
     assert any("bn" in ks.name and "relu" in ks.name for ks in kernels.values())
     ex = brrr.explain(model, x)
     assert not ex.fallbacks and any("max_pool2d" in k.name for k in ex.kernels)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_inference_batch_norm_takes_one_rsqrt_per_element_and_matches_eager(dtype):
+    """The decomposition's `1 / sqrt(var + eps)` renders as one rsqrt in fp32 compute (fp64 keeps the division);
+    values stay eager's against a float64 reference."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 5, 5).to(dtype).contiguous(memory_format=torch.channels_last)
+    mean, var = torch.randn(16).to(dtype), (torch.rand(16) + 0.25).to(dtype)
+    weight, bias = torch.randn(16).to(dtype), torch.randn(16).to(dtype)
+
+    def f(x, mean, var, weight, bias):
+        return F.relu(F.batch_norm(x, mean, var, weight, bias, training=False, eps=1e-5))
+
+    args = (x, mean, var, weight, bias)
+    (kernel,) = brrr.explain(f, *args).kernels
+    if dtype == torch.float64:
+        assert "tl.rsqrt(" not in kernel.source and "tl.sqrt(" in kernel.source
+    else:
+        assert "tl.rsqrt(" in kernel.source and "tl.sqrt(" not in kernel.source
+    got, want = compiled(f)(*args), f(*args)
+    ref = f(*(a.double() for a in args))
+    err, eager_err = (got.double() - ref).abs().max().item(), (want.double() - ref).abs().max().item()
+    assert err <= 2 * eager_err + (1e-6 if dtype == torch.float32 else 1e-12), (err, eager_err)
