@@ -62,6 +62,9 @@ def rows(records):
             row["graph_break_reasons"] = ranks[0]["graph_break_reasons"]
             row["brrr_fallbacks"] = sorted({f for r in ranks for f in r.get("brrr_fallbacks", [])})
             row["losses"] = ranks[0]["losses"]
+            verdicts_by_rank = [[tuple(v[:2]) for v in r.get("replay_verdicts", [])] for r in ranks]
+            row["replay_verdicts"] = [r.get("replay_verdicts", []) for r in ranks]
+            row["verdicts_agree"] = all(v == verdicts_by_rank[0] for v in verdicts_by_rank)
         out.append(row)
     return out
 
@@ -158,6 +161,15 @@ def markdown(results):
         for (model, wrap), reasons in breaks.items():
             for reason, n in reasons.items():
                 lines.append(f"- {model}, {wrap}: {n}x {reason.splitlines()[0][:140]}")
+    replays = [r for r in results["rows"] if not r["error"] and any(r.get("replay_verdicts") or ())]
+    if replays:
+        lines += ["", "## Launch or replay, per rank (the ranks must take the same verdicts)", ""]
+        for r in replays:
+            lines.append(f"- {r['model']}, {r['wrap']}, {r['backend']}: verdicts "
+                         f"{'the same on every rank' if r['verdicts_agree'] else '**differ between ranks**'}")
+            for rank, verdicts in enumerate(r["replay_verdicts"]):
+                for graph, replay, reason in verdicts:
+                    lines.append(f"  - rank {rank}: {graph} {'replays' if replay else 'launches'} ({reason[:150]})")
     fallbacks = {(r["model"], r["wrap"]): r["brrr_fallbacks"] for r in results["rows"]
                  if not r["error"] and r["brrr_fallbacks"]}
     if fallbacks:

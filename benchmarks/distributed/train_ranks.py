@@ -117,12 +117,13 @@ def train(config, how, backend, args, device, rank, world):
     import torch._dynamo
 
     from brrr.bench.backends import dynamo_limits, resolve_backend, stop_inductor_workers
-    from brrr.compile import fallbacks
+    from brrr.compile import fallbacks, replay_choice
 
     torch._dynamo.reset()
     from torch._dynamo.utils import counters
     counters.clear()
     fallbacks_before = len(fallbacks.LOG)
+    decisions_before = len(replay_choice.DECISIONS)
     sync = Sync(device)
     work = config.build(device, torch.bfloat16, args.quick)
     model = work.model
@@ -185,6 +186,8 @@ def train(config, how, backend, args, device, rank, world):
         record["step_s"] = sorted(times)[len(times) // 2] if times else None
     record.update(graph_stats())
     record["brrr_fallbacks"] = brrr_fallbacks(fallbacks_before)
+    # each graph's launch-or-replay verdict on this rank, in order: the ranks must take the same ones
+    record["replay_verdicts"] = [(d.graph, d.replay, d.reason) for d in replay_choice.DECISIONS[decisions_before:]]
     del compiled, wrapped, model, opt, work, data
     gc.collect()
     if device.type == "cuda":

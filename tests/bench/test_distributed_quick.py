@@ -56,3 +56,21 @@ def test_report_takes_the_slowest_rank_and_judges_brrr_against_inductor_and_one_
     assert not verdicts["fsdp2 brrr"]["correct"]                   # the ranks' parameters differ
     records[4]["losses"] = [10.0, 9.5]                              # 5.6% off eager DDP's loss
     assert not report.verdicts(report.rows(records))["m"]["ddp brrr"]["correct"]
+
+
+def test_report_says_whether_the_ranks_took_the_same_launch_or_replay_verdicts():
+    report = _load("scaling_report")
+    same = [("forward", True, "faster replayed, the slowest of 2 ranks"), ("backward", True, "as its forward graph")]
+    records = [dict(_record("ddp", "brrr", r, 0.01, [1.0]), replay_verdicts=same) for r in (0, 1)]
+    records += [dict(_record("fsdp2", "brrr", 0, 0.01, [1.0]), replay_verdicts=same),
+                dict(_record("fsdp2", "brrr", 1, 0.01, [1.0]),
+                     replay_verdicts=[("forward", False, "not faster replayed"), same[1]])]
+    table = {(r["wrap"], r["backend"]): r for r in report.rows(records)}
+    assert table[("ddp", "brrr")]["verdicts_agree"] and not table[("fsdp2", "brrr")]["verdicts_agree"]
+    text = report.markdown(report.summarize({"environment": dict(device="d", gpus=2, date="x", commit="c", torch="t",
+                                                                 triton="t", transformers="t", dtype="bf16",
+                                                                 loss_steps=2, timed_steps=1),
+                                             "records": records}))
+    assert "- m, ddp, brrr: verdicts the same on every rank" in text
+    assert "- m, fsdp2, brrr: verdicts **differ between ranks**" in text
+    assert "  - rank 1: forward launches (not faster replayed)" in text
