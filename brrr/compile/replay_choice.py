@@ -131,7 +131,9 @@ class ReplayTrial:
         launch_s, replay_s = min(self.launched), min(self.replayed)
         ranks = ""
         agreed = among_ranks.agree(self.label, launch_s, replay_s) if self.label is not None else None
-        if agreed is not None:
+        if self.label is not None and agreed is None:
+            ranks = ", by this rank's periods alone: the other ranks did not answer for this graph"
+        elif agreed is not None:
             launch_s, replay_s, world = agreed
             if replay_s is None:
                 self._decide(False, f"a rank cannot capture or replay its CUDA graph: all {world} ranks launch")

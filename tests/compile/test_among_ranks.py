@@ -98,3 +98,12 @@ def test_a_trial_that_cannot_capture_tells_the_other_ranks(monkeypatch):
     out, replayed = trial.run(lambda args: "launched", lambda args: None, [])
     assert (out, replayed, trial.replay) == ("launched", False, False)
     assert seen == [None]
+
+
+def test_a_trial_whose_peers_do_not_answer_says_it_decided_alone(monkeypatch):
+    monkeypatch.setattr(among_ranks, "agree", lambda label, launch_s, replay_s: None)
+    trial = ReplayTrial("inference", label="inference:h")
+    trial.launched, trial.replayed = [2.0], [1.0]
+    trial._decide_by_periods()
+    assert trial.replay is True
+    assert "did not answer" in replay_choice.DECISIONS[-1].reason
