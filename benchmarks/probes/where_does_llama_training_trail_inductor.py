@@ -11,8 +11,10 @@ Profiles one step after warm-up for eager, brrr and Inductor (in that order, one
 kernel, summed by name, the top 15 of each, and Triton, cuBLAS and other kernels' totals.
 
     PYTHONPATH=$PWD python3 benchmarks/probes/where_does_llama_training_trail_inductor.py
+    BACKENDS=brrr PYTHONPATH=$PWD python3 benchmarks/probes/where_does_llama_training_trail_inductor.py
 """
 
+import os
 import sys
 import time
 from collections import Counter
@@ -55,7 +57,7 @@ def main():
     work = config.build(dev, torch.bfloat16, False)
     model, inputs = work.model, work.inputs
     print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}")
-    for backend in ("eager", "brrr", "inductor"):
+    for backend in os.environ.get("BACKENDS", "eager,brrr,inductor").split(","):
         fn = model if backend == "eager" else fresh_compile(model, backend)
 
         def step():
@@ -73,6 +75,10 @@ def main():
               + ", ".join(f"{k} {v / 1e3:.2f} ms" for k, v in totals.most_common()) + f"; {len(kernels)} kernel names")
         for name, us in kernels.most_common(25):
             print(f"  {us:9.1f} us  {name[:110]}")
+        if backend == "brrr":   # brrr's own kernels, all of them: each layer's is named apart
+            for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
+                if name.startswith("brrr_") and us >= 20:
+                    print(f"  brrr {us:9.1f} us  {name}")
         del fn
     stop_inductor_workers()
     return 0
