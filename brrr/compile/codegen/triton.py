@@ -24,8 +24,10 @@ PERSISTENT_TILE = 2048      # elements of a persistent reduction's tile when row
 LOOPED_RBLOCK = 2048        # elements per step of a looped (long-row) reduction
 COLUMN_PERSISTENT_MAX = 64  # a column reduction holds at most this many reduced elements per column at once
 COLUMN_XBLOCK = 64          # columns per program of a column reduction: loads run along them, coalesced
-COLUMN_RBLOCK = 8           # rows per step of a looped column reduction ([64, 8] reads faster than [64, 32]: NOTES)
-COLUMN_ACROSS_RBLOCK = 32   # ... of one that also reads an input along its rows: 64 bytes of it per row and step
+COLUMN_RBLOCK = 32          # rows per step of a looped column reduction
+COLUMN_SHORT_RBLOCK = 8     # ... of one over at least COLUMN_SHORT_MIN_X columns, whose grid alone keeps loads in
+COLUMN_SHORT_MIN_X = 65536  # flight: channels_last BN statistics 29.5 us against 32.3 at 32 rows (1024 programs),
+                            # while LLaMA's RMSNorm weight gradient (512 programs) took 65 us against 28 (NOTES)
 FEW_COLUMNS = 4096          # a column reduction over at most this many columns and ...
 FEW_COLUMNS_RMAX = 1024     # ... at most this many rows holds its columns whole: more, shorter programs
 UNROLL_MAX = 32             # a column reduction over at most this many elements (a pooling window) is unrolled
@@ -449,7 +451,10 @@ class Codegen:
             xblock = max(1, min(next_pow2(hint(X)), max(1, PERSISTENT_TILE // rblock),
                                 COLUMN_XBLOCK if inner_kept else 4096))
         else:
-            rblock = (COLUMN_ACROSS_RBLOCK if k.across else COLUMN_RBLOCK) if inner_kept else LOOPED_RBLOCK
+            rblock = LOOPED_RBLOCK
+            if inner_kept:   # an input also read along the rows (`across`) keeps 64-byte runs of it a step
+                short = not k.across and hint(X) >= COLUMN_SHORT_MIN_X
+                rblock = COLUMN_SHORT_RBLOCK if short else COLUMN_RBLOCK
             xblock = COLUMN_XBLOCK if inner_kept else 1
             if across:
                 xblock, rblock = ACROSS_TILE if hint(X) >= ACROSS_TILE[0] * FEW_PROGRAMS else FEW_PROGRAMS_TILE
