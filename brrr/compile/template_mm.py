@@ -50,13 +50,14 @@ def _wide(tensors):
 def kernel(dtype, epilogue, tf32, wide, device, tma=False, store_descriptor=False):
     """The template's JITFunction for these choices, generated and loaded once per process."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    key = (dtype, epilogue, tf32, wide, tma, interpreted, _device_name(device), store_descriptor)
+    device_name = _device_name(device)
+    key = (dtype, epilogue, tf32, wide, tma, interpreted, device_name, store_descriptor)
     if key not in _KERNELS:
         if tma:
             src = generate_tma(dtype, epilogue, wide=wide, interpreted=interpreted, store_descriptor=store_descriptor)
         else:
             src = generate(dtype, epilogue, tf32=tf32, wide=wide, interpreted=interpreted)
-        _KERNELS[key] = load_kernel(src.source, src.name, key[6])
+        _KERNELS[key] = load_kernel(src.source, src.name, device_name)
     return _KERNELS[key]
 
 
