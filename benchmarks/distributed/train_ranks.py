@@ -1,5 +1,6 @@
 """One process of the distributed benchmark (run_distributed.py starts it): trains a zoo model under DDP, FSDP2
-or alone, eagerly and compiled, and records what the report judges.
+or alone, eagerly and compiled, and records what the report judges. As in the zoo, Dynamo skips logging calls
+in model code for every backend (`--keep-logging-breaks` keeps them breaking the graph).
 
     python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/distributed/train_ranks.py \
         --models gpt2-lm-train --wraps ddp,fsdp2 --backends eager,brrr,inductor --out part.json
@@ -46,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--timed-steps", type=int, default=30)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--quick", action="store_true", help="tiny models on CPU with gloo (a smoke run)")
+    p.add_argument("--keep-logging-breaks", action="store_true",
+                   help="leave Dynamo's graph breaks at logging calls in model code (skipped by default, as the zoo)")
     p.add_argument("--out", required=True, help="JSON written by rank 0")
     return p.parse_args(argv)
 
@@ -116,7 +119,7 @@ def train(config, how, backend, args, device, rank, world):
     """One (model, wrapping, backend) run of this rank: its record."""
     import torch._dynamo
 
-    from brrr.bench.backends import dynamo_limits, resolve_backend, stop_inductor_workers
+    from brrr.bench.backends import dynamo_limits, resolve_backend, skip_logging_in_graphs, stop_inductor_workers
     from brrr.compile import fallbacks, replay_choice
 
     torch._dynamo.reset()
@@ -126,6 +129,8 @@ def train(config, how, backend, args, device, rank, world):
     decisions_before = len(replay_choice.DECISIONS)
     sync = Sync(device)
     work = config.build(device, torch.bfloat16, args.quick)
+    if not args.keep_logging_breaks:   # as the zoo: after the build, which may add logging methods
+        skip_logging_in_graphs()
     model = work.model
     ids = work.inputs[0]
     vocab = model.model.config.vocab_size

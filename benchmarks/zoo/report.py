@@ -125,6 +125,10 @@ def markdown(results):
              "changing shapes: sum over the shapes), speedup over eager in brackets.", ""]
     if env.get("workers"):
         lines += [_workers_line(env["workers"]), ""]
+    if "dynamo_skips_logging" in env:
+        lines += ["Dynamo " + ("skipped logging calls in model code (no graph break there), for every backend."
+                               if env["dynamo_skips_logging"] else "broke the graph at logging calls in model code."),
+                  ""]
     s = summary(results)
     lines.append("## Summary")
     lines.append("")

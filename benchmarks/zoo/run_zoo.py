@@ -9,6 +9,9 @@
 Each configuration (benchmarks/zoo/models.py) goes through `brrr.bench` (changing shapes: `bench_shapes`):
 eager, brrr, brrr with CUDA graphs, then Inductor last (its compile workers slow the host), in this one
 process on the same inputs and weights, bf16, with correctness judged against an fp32 copy of the model.
+Dynamo skips logging calls in model code for every backend (`--keep-logging-breaks` leaves them breaking the
+graph): a logging call is a graph break that no backend's user keeps once `brrr explain` or Dynamo's hint names
+it. Each configuration records the graph breaks brrr's backend was told of.
 Compile caches point at fresh directories, so the first compile is cold; after the configurations, a new
 process compiles each again with those caches warm (`--warm-compile`). The JSON and Markdown are rewritten
 after every configuration, so a cut-off run keeps what it measured; `report.py` merges parts and renders.
@@ -55,6 +58,9 @@ def parse_args(argv=None):
     p.add_argument("--rep-ms", type=float, default=None, help="do_bench's timed milliseconds per backend")
     p.add_argument("--commit", help="the commit measured (default: git rev-parse --short HEAD)")
     p.add_argument("--keep-caches", action="store_true", help="keep the existing compile caches")
+    p.add_argument("--keep-logging-breaks", action="store_true",
+                   help="leave Dynamo's graph breaks at logging calls in model code (by default Dynamo skips "
+                        "those calls, for every backend)")
     p.add_argument("--gpus", default="1",
                    help="N or 'all': run on N GPUs of this host at once, one worker process per GPU taking "
                         "whole configurations of about equal total cost; the workers' files are merged")
@@ -74,20 +80,24 @@ def fresh_caches():
     return root
 
 
-def run_config(config, backends, device, dtype, quick, rep_ms):
+def run_config(config, backends, device, dtype, quick, rep_ms, skip_logging=True):
     """One configuration's entry: its bench result as a dict, or the error that stopped it."""
     import torch
 
     from brrr.bench import bench, bench_shapes
-    from brrr.bench.backends import stop_inductor_workers
-    from brrr.compile import fallbacks, linear_cross_entropy_pass, replay_choice
+    from brrr.bench.backends import skip_logging_in_graphs, stop_inductor_workers
+    from brrr.compile import fallbacks, graph_breaks, linear_cross_entropy_pass, replay_choice
 
     entry = {"name": config.name, "family": config.family, "train": config.train}
     start = time.perf_counter()
     decided, fell, rewritten = (len(replay_choice.DECISIONS), len(fallbacks.LOG),
                                 len(linear_cross_entropy_pass.REWRITES))
+    graph_breaks.resync()   # breaks the last configuration's Inductor run was told of are not this one's
+    broke = len(graph_breaks.LOG)
     try:
         work = config.build(device, dtype, quick)
+        if skip_logging:   # after the build: the model's package may add logging methods (`warning_once`)
+            skip_logging_in_graphs()
         warmup, rep = (2, 5) if quick else (25, rep_ms or 300)
         if work.shapes:
             result = bench_shapes(work.model, work.shapes, backends=backends, train=work.train, warmup=warmup,
@@ -110,6 +120,7 @@ def run_config(config, backends, device, dtype, quick, rep_ms):
     # what brrr ran as ATen (op, kernel or graph scope), and the losses it computed without their logits
     entry["brrr_fallbacks"] = [f"{f.scope} {f.graph} {f.what}: {f.reason}" for f in fallbacks.LOG[fell:]]
     entry["loss_rewrites"] = [str(r) for r in linear_cross_entropy_pass.REWRITES[rewritten:]]
+    entry["graph_breaks"] = [str(b) for b in graph_breaks.LOG[broke:]]
     work = None
     stop_inductor_workers()   # idle compile workers would share the host with the next configuration's timing
     gc.collect()
@@ -118,11 +129,11 @@ def run_config(config, backends, device, dtype, quick, rep_ms):
     return entry
 
 
-def first_calls(configs, backends, device, dtype, quick, budget_s, path):
+def first_calls(configs, backends, device, dtype, quick, budget_s, path, skip_logging=True):
     """{config: {backend: seconds}}: the first call of each compiled configuration (compile included), for
     the configurations that start within `budget_s`; rewritten to `path` after each one."""
     started = time.perf_counter()
-    from brrr.bench.backends import fresh_compile
+    from brrr.bench.backends import fresh_compile, skip_logging_in_graphs
     from brrr.bench.step import Step, make_cotangents
     from brrr.cost.device import time_once
 
@@ -133,6 +144,8 @@ def first_calls(configs, backends, device, dtype, quick, budget_s, path):
         out[config.name] = times = {}
         try:
             work = config.build(device, dtype, quick)
+            if skip_logging:
+                skip_logging_in_graphs()
             inputs = work.shapes[0][1] if work.shapes else work.inputs
             cotangents = make_cotangents(work.model(*inputs)) if work.train else None
             for backend in backends:
@@ -155,7 +168,7 @@ def warm_compiles(args, configs, backends, budget_s):
         path = f.name
     cmd = [sys.executable, __file__, "--first-call-only", "--only", ",".join(c.name for c in configs),
            "--backends", ",".join(backends), "--out", path, "--keep-caches", "--budget-s", str(budget_s)] + \
-        (["--quick"] if args.quick else [])
+        (["--quick"] if args.quick else []) + (["--keep-logging-breaks"] if args.keep_logging_breaks else [])
     try:   # the new process's start, imports and the last configuration run past its budget
         subprocess.run(cmd, check=True, timeout=budget_s + 180, env=os.environ.copy())
     except (subprocess.SubprocessError, OSError) as e:
@@ -225,7 +238,8 @@ def worker_command(args, index, count, configs, cpus, commit, date):
         cmd += ["--backends", args.backends]
     if args.rep_ms is not None:
         cmd += ["--rep-ms", str(args.rep_ms)]
-    return cmd + [flag for flag, on in (("--quick", args.quick), ("--keep-caches", args.keep_caches)) if on]
+    return cmd + [flag for flag, on in (("--quick", args.quick), ("--keep-caches", args.keep_caches),
+                                        ("--keep-logging-breaks", args.keep_logging_breaks)) if on]
 
 
 def _relay(proc, label):
@@ -346,7 +360,8 @@ def main(argv=None):
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
     if args.first_call_only:
-        first_calls(configs, backends, device, dtype, quick, args.budget_s, args.out)
+        first_calls(configs, backends, device, dtype, quick, args.budget_s, args.out,
+                    skip_logging=not args.keep_logging_breaks)
         return 0
 
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
@@ -356,7 +371,7 @@ def main(argv=None):
     results = {"environment": {"device": device_name, "date": date, "commit": args.commit or git_commit(),
                                "torch": torch.__version__, "triton": _triton_version(), "dtype": "bfloat16",
                                "backends": backends, "mode": "quick" if quick else "full",
-                               "part": args.part},
+                               "part": args.part, "dynamo_skips_logging": not args.keep_logging_breaks},
                "configs": {}}
     tag = {}
     if args.worker:
@@ -381,13 +396,13 @@ def main(argv=None):
         else:
             print(f"[zoo] {config.name} ...", flush=True)
             results["configs"][config.name] = entry = run_config(config, backends, device, dtype, quick,
-                                                                 args.rep_ms)
+                                                                 args.rep_ms, not args.keep_logging_breaks)
             entry.update(tag)
             print(f"[zoo] {config.name}: {entry['status']} in {entry['elapsed_s']:.0f} s "
                   f"{report.one_line(entry)}", flush=True)
             for decision in entry["replay_decisions"]:
                 print(f"[zoo]   brrr {decision}", flush=True)
-            for line in entry["brrr_fallbacks"] + entry["loss_rewrites"]:
+            for line in entry["brrr_fallbacks"] + entry["loss_rewrites"] + entry["graph_breaks"]:
                 print(f"[zoo]   brrr {line}", flush=True)
         report.write(results, stem)
     ran = [c for c in configs if results["configs"][c.name]["status"] == "ok"]

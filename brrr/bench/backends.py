@@ -68,6 +68,29 @@ def dynamo_limits(minimum):
     return overrides
 
 
+LOGGING_METHODS = ("debug", "info", "warning", "warn", "warning_once", "info_once", "warning_advice")
+
+
+def skip_logging_in_graphs():
+    """Make Dynamo skip `logging.Logger` calls met while tracing, for every backend in this process, instead of
+    breaking the graph there (Dynamo's own hint for that break). A model's logging call inside a compiled region
+    then does not run; the methods Hugging Face adds (`warning_once`...) are included where present. Returns the
+    names added: none where this torch has no such setting."""
+    import logging
+
+    import torch._dynamo.config as config
+
+    for name in ("ignore_logging_functions", "ignore_logger_methods"):
+        ignored = getattr(config, name, None)
+        if isinstance(ignored, set):
+            break
+    else:
+        return []
+    added = [m for m in LOGGING_METHODS if callable(getattr(logging.Logger, m, None))]
+    ignored.update(getattr(logging.Logger, m) for m in added)
+    return added
+
+
 @contextlib.contextmanager
 def strict_dynamo(recompile_limit=64):
     """Errors raise instead of silently falling back to eager; enough recompiles for a sweep."""

@@ -19,7 +19,7 @@ import torch
 
 from brrr.compile.attention_mask import contiguous_attention_masks
 from brrr.compile.linear_cross_entropy_pass import fuse_linear_cross_entropy
-from brrr.compile import fallbacks, sizes
+from brrr.compile import fallbacks, graph_breaks, sizes
 from brrr.compile.fallbacks import (MAX_REPLANS, GraphFallback, KernelFailed, debugging, is_out_of_memory, recover,
                                     warn_once)
 from brrr.compile.specialize import PerShape, copy_graph_module, symbolic
@@ -198,6 +198,9 @@ def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, matmul_temp
     pass here changes the graph. A graph of symbolic sizes is compiled once, at those sizes (sizes.py), or, with
     `symbolic_sizes=False` or where that fails, once per shape (specialize.py)."""
     eager_forward = gm.forward   # bound now: the passes below recompile gm, this keeps the captured code
+    breaks = graph_breaks.note_graph(gm)
+    if breaks and hasattr(_sink, "graph_breaks"):   # explain's sink lists them
+        _sink.graph_breaks.extend(breaks)
     reason = graph_refusal(gm, example_inputs, planning_only=_sink is not None)
     if symbolic_sizes is None:
         symbolic_sizes = os.environ.get("BRRR_SYMBOLIC_SIZES", "1") != "0"

@@ -83,6 +83,7 @@ class Explanation:
     matmuls: list = field(default_factory=list)      # MatmulInfo: each matmul, cuBLAS or a template kernel
     runtimes: list = field(default_factory=list)     # (inference | training, why AOTAutograd's runtime or None)
     guards: list = field(default_factory=list)       # (graph, guard): what planning at symbolic sizes assumed
+    graph_breaks: list = field(default_factory=list)  # graph_breaks.GraphBreak: where Dynamo split the program
 
     def planned(self, kind, gm, plan, kernels):
         """compile_graph's sink: one planned graph."""
@@ -125,6 +126,11 @@ class Explanation:
             lines.append("linear + cross-entropy computed in chunks of rows, without logits:")
             for r in self.linear_losses:
                 lines.append(f"  {r}")
+        if self.graph_breaks:
+            lines.append("graph breaks (Dynamo split the program here: the Python between graphs runs as plain "
+                         "PyTorch, nothing fuses across):")
+            for b in self.graph_breaks:
+                lines.append(f"  {b}")
         if self.fallbacks:
             lines.append("fallbacks (run as ATen, not fused), by scope:")
             for f in self.fallbacks:
@@ -264,9 +270,10 @@ def explain(fn_or_model, *inputs, train=False, dynamic=False):
     """Plan (never run kernels) what brrr does with `fn_or_model(*inputs)`; returns an Explanation.
     `dynamic` is torch.compile's: True plans the graph Dynamo captures with symbolic sizes."""
     from brrr.compile.backend import make_backend
-    from brrr.compile import fallbacks, replay_choice
+    from brrr.compile import fallbacks, graph_breaks, replay_choice
 
     ex = Explanation()
+    graph_breaks.resync()
     logged = len(fallbacks.LOG)
     ex.seen = [f for f in fallbacks.LOG if f.scope != "op"]   # op scope: each plan lists its own
     ex.replays = list(replay_choice.DECISIONS)

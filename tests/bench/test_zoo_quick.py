@@ -30,6 +30,8 @@ def test_quick_zoo_writes_results_for_static_and_changing_shapes(tmp_path, monke
         assert all(r["status"] == "ok" for r in rows.values()), rows
         # nothing runs as ATen, at op scope (recorded too: LLaMA decode's KV-cache write was one) or wider
         assert entry["brrr_fallbacks"] == [] and entry["loss_rewrites"] == []   # tiny logits: below the rewrite's floor
+        assert entry["graph_breaks"] == []
+    assert results["environment"]["dynamo_skips_logging"] is True
     decode = {r["backend"]: r for r in configs["llama-decode"]["result"]["rows"]}
     assert decode["eager"]["error_vs_reference"]["norm_rel"] > 0    # bf16 against its own fp32 copy
     shapes = {r["backend"]: r for r in configs["bert-lengths-infer"]["result"]["rows"]}
