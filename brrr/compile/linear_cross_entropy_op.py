@@ -21,7 +21,8 @@ Per chunk of rows (`chunk_rows`): one matmul makes the chunk's logits (cuBLAS, i
 linear does); one Triton kernel reads each row once (online max and sum-exp, the target logit, the row sum for
 label smoothing); for gradients, one more reads each row again and writes softmax - one-hot, times the loss's
 gradient over the count for a mean, over it in place; then the input-gradient rows (one matmul) and the weight's
-gradient (one matmul accumulated into it, beta=1). Where Triton cannot run (a CPU tensor without
+gradient (one matmul; over several chunks accumulated into an fp32 buffer, beta=1, and rounded once at the end).
+The weight is padded to a 16-byte multiple of the vocabulary (`_Head`). Where Triton cannot run (a CPU tensor without
 TRITON_INTERPRET=1, as when explain runs a graph) the per-row math runs as torch ops.
 """
 
@@ -179,21 +180,34 @@ def _accumulator(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _chunks(x, weight, bias):
-    """(start, stop, chunk of x, its logits [chunk, vocab]) for each chunk of rows, the logits made as needed."""
-    rows, vocab = x.shape[0], weight.shape[0]
-    step = chunk_rows(rows, vocab, x.shape[1], x.element_size())
-    # logits rows of a vocabulary that is not a multiple of 16 bytes would send every matmul here to cuBLAS's
-    # slow unaligned kernels: the weight gets zero rows, the logits a padded row stride, and the kernels and the
-    # gradient matmuls read the real columns through that stride
-    pad = (-vocab) % max(1, 16 // x.element_size())
-    weight_t = (torch.nn.functional.pad(weight, (0, 0, 0, pad)) if pad else weight).t()
-    bias_row = torch.nn.functional.pad(bias, (0, pad)) if pad and bias is not None else bias
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
-        xc = x[start:stop]
-        logits = xc @ weight_t if bias is None else torch.addmm(bias_row, xc, weight_t)
-        yield start, stop, xc, logits[:, :vocab]
+class _Head:
+    """The head's weight (and bias) with zero rows up to a 16-byte multiple of the vocabulary, and its chunks.
+
+    A vocabulary that is not such a multiple (GPT-2's 50257) would send every matmul here to cuBLAS's slow
+    unaligned kernels: the input gradient's, whose K is the vocabulary, ran 5.2x slower on an H200. So each
+    chunk's logits are made over the padded rows: their extra columns are 0 (zero weight rows, zero bias), the row
+    kernels read the real columns alone, and the gradient matmuls take the padded logits and weight whole; the
+    extra columns meet zero weight rows (the input's gradient) or land in rows that are cut off (the weight's)."""
+
+    def __init__(self, x, weight, bias):
+        self.vocab = weight.shape[0]
+        pad = (-self.vocab) % max(1, 16 // x.element_size())
+        self.weight = torch.nn.functional.pad(weight, (0, 0, 0, pad)) if pad else weight
+        self.bias = torch.nn.functional.pad(bias, (0, pad)) if pad and bias is not None else bias
+        self.step = chunk_rows(x.shape[0], self.vocab, x.shape[1], x.element_size())
+        self.several = x.shape[0] > self.step   # chunks, whose weight gradients are summed
+
+    def chunks(self, x):
+        """(start, stop, chunk of x, its padded logits [chunk, padded vocab]) for each chunk of rows."""
+        for start in range(0, x.shape[0], self.step):
+            stop = min(x.shape[0], start + self.step)
+            xc = x[start:stop]
+            yield start, stop, xc, (xc @ self.weight.t() if self.bias is None else
+                                    torch.addmm(self.bias, xc, self.weight.t()))
+
+    def real(self, logits):
+        """The real vocabulary's columns of padded logits."""
+        return logits[:, :self.vocab]
 
 
 def _loss(row_loss, target, ignore_index, reduction, dtype):
@@ -209,26 +223,50 @@ def _scale(grad_loss, target, ignore_index, reduction, acc):
     return scale / (target != ignore_index).sum(dtype=acc) if reduction == "mean" else scale
 
 
-def _gradient_buffers(x, weight, grad_x, grad_weight, grad_bias):
+_ADDMM_OUT_DTYPE = "dtype" in torch.ops.aten.addmm.overloads()   # cuBLAS's fp32 output from half inputs
+
+
+def _gradient_buffers(x, head, grad_x, grad_weight, grad_bias):
+    """The input's gradient; the weight's over the padded rows, in fp32 where half-precision chunks are summed
+    (each sum rounded to bf16 would add one rounding per chunk to eager's one); the bias's, in fp32."""
+    weight_grad = (torch.zeros(head.weight.shape, dtype=_accumulator(x), device=x.device) if head.several else
+                   torch.empty(head.weight.shape, dtype=head.weight.dtype, device=x.device))
     return (torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else x.new_empty(0),
-            torch.zeros_like(weight, memory_format=torch.contiguous_format) if grad_weight else weight.new_empty(0),
-            torch.zeros(weight.shape[0], dtype=_accumulator(x), device=x.device) if grad_bias else x.new_empty(0))
+            weight_grad if grad_weight else head.weight.new_empty(0),
+            torch.zeros(head.vocab, dtype=_accumulator(x), device=x.device) if grad_bias else x.new_empty(0))
 
 
-def _gradients_returned(gradients, bias):
-    """The gradient buffers as the ops return them: the bias's, summed in the accumulator type, in its own."""
+def _gradients_returned(gradients, head, weight, bias):
+    """The gradient buffers as the ops return them: the weight's real rows and the bias's sum in their dtypes."""
     gx, gw, gb = gradients
+    if gw.numel():
+        gw = gw[:head.vocab].to(weight.dtype)   # a view where no cast is needed
     return gx, gw, gb.to(bias.dtype) if gb.numel() else gb
 
 
-def _add_gradients(grad_logits, start, stop, xc, weight, gx, gw, gb):
-    """One chunk's share: its rows of the input's gradient, and its sums into the weight's and the bias's."""
+def _accumulate(acc, a, b):
+    """acc += a @ b with `acc` in fp32 and a, b in a half type: cuBLAS's fp32-output matmul where torch has one
+    for the device, else a matmul of fp32 copies (the CPU, where tests run)."""
+    if acc.dtype == a.dtype:
+        acc.addmm_(a, b)
+    elif acc.is_cuda and _ADDMM_OUT_DTYPE:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+
+
+def _add_gradients(grad_logits, start, stop, xc, head, gx, gw, gb):
+    """One chunk's share, from its padded logits' gradient: its rows of the input's gradient, and its sums into
+    the weight's and the bias's."""
     if gx.numel():
-        torch.mm(grad_logits, weight, out=gx[start:stop])
+        torch.mm(grad_logits, head.weight, out=gx[start:stop])
     if gw.numel():
-        gw.addmm_(grad_logits.t(), xc)
+        if head.several:
+            _accumulate(gw, grad_logits.t(), xc)
+        else:   # the only chunk: one product, rounded once
+            torch.mm(grad_logits.t(), xc, out=gw)
     if gb.numel():
-        gb += grad_logits.sum(0, dtype=gb.dtype)
+        gb += head.real(grad_logits).sum(0, dtype=gb.dtype)
 
 
 @torch.library.custom_op("brrr::fused_linear_cross_entropy", mutates_args=())
@@ -239,8 +277,9 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Opti
     acc = _accumulator(x)
     row_loss = torch.empty(x.shape[0], dtype=acc, device=x.device)
     lse = torch.empty(x.shape[0], dtype=acc, device=x.device)
-    for start, stop, _, logits in _chunks(x, weight, bias):
-        _rows_forward(logits, target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
+    head = _Head(x, weight, bias)
+    for start, stop, _, logits in head.chunks(x):
+        _rows_forward(head.real(logits), target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
                       label_smoothing)
     return _loss(row_loss, target, ignore_index, reduction, dtype), lse
 
@@ -258,18 +297,21 @@ def fused_linear_cross_entropy_backward(grad_loss: torch.Tensor, x: torch.Tensor
                                         grad_weight: bool, grad_bias: bool
                                         ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     scale = _scale(grad_loss, target, ignore_index, reduction, _accumulator(x))
-    gx, gw, gb = _gradient_buffers(x, weight, grad_x, grad_weight, grad_bias)
+    head = _Head(x, weight, bias)
+    gx, gw, gb = _gradient_buffers(x, head, grad_x, grad_weight, grad_bias)
     if grad_x or grad_weight or grad_bias:
-        for start, stop, xc, logits in _chunks(x, weight, bias):
-            _rows_backward(logits, target[start:stop], lse[start:stop], scale, ignore_index, label_smoothing)
-            _add_gradients(logits, start, stop, xc, weight, gx, gw, gb)
-    return _gradients_returned((gx, gw, gb), bias)
+        for start, stop, xc, logits in head.chunks(x):
+            _rows_backward(head.real(logits), target[start:stop], lse[start:stop], scale, ignore_index,
+                           label_smoothing)
+            _add_gradients(logits, start, stop, xc, head, gx, gw, gb)
+    return _gradients_returned((gx, gw, gb), head, weight, bias)
 
 
 @fused_linear_cross_entropy_backward.register_fake
 def _(grad_loss, x, weight, bias, target, lse, ignore_index, reduction, label_smoothing, grad_x, grad_weight,
       grad_bias):
-    return _gradients_returned(_gradient_buffers(x, weight, grad_x, grad_weight, grad_bias), bias)
+    head = _Head(x, weight, bias)
+    return _gradients_returned(_gradient_buffers(x, head, grad_x, grad_weight, grad_bias), head, weight, bias)
 
 
 def _setup_context(ctx, inputs, output):
@@ -301,20 +343,24 @@ def fused_linear_cross_entropy_with_grads(x: torch.Tensor, weight: torch.Tensor,
     row_loss = torch.empty(x.shape[0], dtype=acc, device=x.device)
     lse = torch.empty(x.shape[0], dtype=acc, device=x.device)
     scale = _scale(torch.ones((), dtype=acc, device=x.device), target, ignore_index, reduction, acc)
-    gx, gw, gb = _gradient_buffers(x, weight, grad_x, grad_weight, grad_bias)
-    for start, stop, xc, logits in _chunks(x, weight, bias):
-        _rows_forward(logits, target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
+    head = _Head(x, weight, bias)
+    gx, gw, gb = _gradient_buffers(x, head, grad_x, grad_weight, grad_bias)
+    for start, stop, xc, logits in head.chunks(x):
+        real = head.real(logits)
+        _rows_forward(real, target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
                       label_smoothing)
-        _rows_backward(logits, target[start:stop], lse[start:stop], scale, ignore_index, label_smoothing)
-        _add_gradients(logits, start, stop, xc, weight, gx, gw, gb)
-    return (_loss(row_loss, target, ignore_index, reduction, dtype),) + _gradients_returned((gx, gw, gb), bias)
+        _rows_backward(real, target[start:stop], lse[start:stop], scale, ignore_index, label_smoothing)
+        _add_gradients(logits, start, stop, xc, head, gx, gw, gb)
+    return (_loss(row_loss, target, ignore_index, reduction, dtype),) + \
+        _gradients_returned((gx, gw, gb), head, weight, bias)
 
 
 @fused_linear_cross_entropy_with_grads.register_fake
 def _(x, weight, bias, target, ignore_index, reduction, label_smoothing, grad_x, grad_weight, grad_bias, dtype):
     _check(x, weight, bias, target, reduction)
+    head = _Head(x, weight, bias)
     return (x.new_empty((), dtype=dtype),) + _gradients_returned(
-        _gradient_buffers(x, weight, grad_x, grad_weight, grad_bias), bias)
+        _gradient_buffers(x, head, grad_x, grad_weight, grad_bias), head, weight, bias)
 
 
 def _setup_with_grads(ctx, inputs, output):
