@@ -214,6 +214,8 @@ def _training_callable(capture):
     n_mut = len(mutated)
     updates = threading.local()   # the forward's new values of updated inputs, written back after autograd's call
     lending = isinstance(fw_call, CompiledGraph) and isinstance(bw_call, CompiledGraph)
+    if isinstance(bw_call, CompiledGraph):
+        bw_call.owns_inputs = True   # backward() below hands the saved tensors over
     if lending:
         # with CUDA graphs, a forward replay lends the saved tensors uncopied and the backward reads them there
         fw_call.lend = tuple(range(n_out, n_out + n_saved))
@@ -257,8 +259,16 @@ def _training_callable(capture):
                 saved = loan.tensors
             if lending:
                 bw_call.pinned_ready = loan is not None and not loan.copied
+            # autograd holds the saved tensors until this returns unless they are released here (as AOTAutograd
+            # does; kept where the graph is retained): then the list handed over is their last holder, and the
+            # call frees each at its last use (Qwen2-0.5B training: ~0.5 GB of peak)
+            release = getattr(ctx, "maybe_clear_saved_tensors", None)
+            if release is not None and loan is None:
+                release()
+            args = saved + tangents
+            del saved, tangents, loan
             with _amp_guard():
-                return tuple(bw_call(saved + tangents))
+                return tuple(bw_call(args))
 
     if not n_mut:
         def run(*args):

@@ -198,7 +198,8 @@ class _Head:
         self.several = x.shape[0] > self.step   # chunks, whose weight gradients are summed
 
     def chunks(self, x):
-        """(start, stop, chunk of x, its padded logits [chunk, padded vocab]) for each chunk of rows."""
+        """(start, stop, chunk of x, its padded logits [chunk, padded vocab]) for each chunk of rows. A caller
+        drops each chunk's logits before asking for the next: its loop variable would hold two chunks at once."""
         for start in range(0, x.shape[0], self.step):
             stop = min(x.shape[0], start + self.step)
             xc = x[start:stop]
@@ -281,6 +282,7 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Opti
     for start, stop, _, logits in head.chunks(x):
         _rows_forward(head.real(logits), target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
                       label_smoothing)
+        del logits
     return _loss(row_loss, target, ignore_index, reduction, dtype), lse
 
 
@@ -304,6 +306,7 @@ def fused_linear_cross_entropy_backward(grad_loss: torch.Tensor, x: torch.Tensor
             _rows_backward(head.real(logits), target[start:stop], lse[start:stop], scale, ignore_index,
                            label_smoothing)
             _add_gradients(logits, start, stop, xc, head, gx, gw, gb)
+            del logits
     return _gradients_returned((gx, gw, gb), head, weight, bias)
 
 
@@ -351,6 +354,7 @@ def fused_linear_cross_entropy_with_grads(x: torch.Tensor, weight: torch.Tensor,
                       label_smoothing)
         _rows_backward(real, target[start:stop], lse[start:stop], scale, ignore_index, label_smoothing)
         _add_gradients(logits, start, stop, xc, head, gx, gw, gb)
+        del logits, real
     return (_loss(row_loss, target, ignore_index, reduction, dtype),) + \
         _gradients_returned((gx, gw, gb), head, weight, bias)
 

@@ -220,6 +220,9 @@ class CompiledGraph:
         self.lent = False     # whether the last call's outputs at those positions are the graph's own memory
         self.pin, self.pinned_ready = (), True   # inputs lent by another graph, and whether they still are
         self.lender = None    # that graph (a backward's forward): with "auto", its trial leads this one's
+        # the caller hands its list of inputs over (a backward's saved tensors): a launched call empties it, so
+        # each input's memory goes back at its last use; a first call, a trial or a replay keeps them
+        self.owns_inputs = False
         # A graph planned at symbolic sizes: `shape_key(args)` is the call's sizes. A CUDA graph replays the sizes
         # it captured, so each shape gets its own graph and trial (graphed, trial), up to MAX_GRAPH_SHAPES.
         self.shape_key, self.shape, self.shapes = shape_key, None, {}
@@ -255,7 +258,7 @@ class CompiledGraph:
                     return out
                 if not graphed.usable:
                     self.graphed = None
-            return self.call(args)
+            return self.call(args, True) if self.owns_inputs else self.call(args)
         out = self._first_call(args)
         self.verified = True
         if self.cuda_graphs and self.call != self._aten_call:   # bound methods: equal, never identical
@@ -335,7 +338,7 @@ class CompiledGraph:
                     return self.call(args)
                 self.call, self.source = replanned.call, replanned.source
 
-    def _aten_call(self, args):
+    def _aten_call(self, args, owned=False):
         return self.gm(*args)
 
 
@@ -367,11 +370,13 @@ def build(plan, gm, cuda_graphs=False, kind="graph", matmul_templates=None):
         glb[cname] = x
         return cname
 
-    lines = ["def call(args):"]
+    lines = ["def call(args, owned=False):"]
     inputs = [n for n in L.nodes if n is not None and n.kind == "buffer" and n.producer == "input"]
     placeholders = [fx for fx in gm.graph.nodes if fx.op == "placeholder"]
     lines.append(f"    {', '.join(fx.name for fx in placeholders)}{',' if len(placeholders) == 1 else ''} = args"
                  if placeholders else "    pass")
+    # a caller that hands its inputs over (a backward's saved tensors): each goes at its last use, as buffers do
+    lines.append("    if owned: args.clear()")
     bindings_at = len(lines)   # symbol bindings go here once the call's lines say which symbols they name
     for n in L.nodes:
         if n is not None and n.kind == "buffer" and n.producer == "constant":
@@ -465,7 +470,7 @@ def build(plan, gm, cuda_graphs=False, kind="graph", matmul_templates=None):
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     named = sizes.symbols_in("\n".join(line.split("  #")[0] for line in lines[bindings_at:]))
     lines[bindings_at:bindings_at] = [f"    {line}" for line in symbol_bindings(placeholders, named)]
-    source = "\n".join(free_dead_buffers(drop_unused_views(lines))) + "\n"
+    source = "\n".join(free_dead_buffers(drop_unused_views(lines), [fx.name for fx in placeholders])) + "\n"
     device = _device_name(plan)
     # Triton compiles kernels mostly outside the GIL (MLIR passes, ptxas): one thread per core
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(_usable_cpus(), max(1, len(launches)))) as pool:
@@ -571,15 +576,17 @@ def _names(line):
     return read, written
 
 
-def free_dead_buffers(lines):
+def free_dead_buffers(lines, inputs=()):
     """`lines` of the generated call with `del` after each intermediate's last use, so a buffer's memory
     goes back to the caching allocator as soon as the graph is done with it, not when the call returns
-    (BERT-base inference held 1.8 GB instead of 0.4). Inputs belong to the caller and are left alone."""
+    (BERT-base inference held 1.8 GB instead of 0.4). The names of `inputs` are dropped the same way: an input
+    stays alive through its caller's reference, unless the caller handed it over (`call(args, owned=True)`)."""
     uses = _uses(lines)
     last = {}
+    inputs = set(inputs)
     for i, (read, written) in enumerate(uses):
         for name in read | written:
-            if name.startswith(("buf_", "res_")):
+            if name.startswith(("buf_", "res_")) or name in inputs:
                 last[name] = i
     returned = uses[-1][0]
     dead_after = {}

@@ -316,3 +316,72 @@ def test_explain_names_the_runtime_each_graph_takes():
     ex = brrr.explain(scales, torch.randn(3, requires_grad=True) * 1, train=True)
     assert ex.runtimes == [("training", "the graph updates an input that requires grad")]
     assert "AOTAutograd's runtime wrappers" in str(ex)
+
+
+def _backward_frees(monkeypatch, owns):
+    """(steps the backward graph ran, steps run when each saved tensor was freed) for a three-matmul MLP; a step
+    is a kernel launch or an ATen call."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from brrr.compile import launch, lean_autograd, runtime
+
+    events = []
+
+    class Steps(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            events.append("step")
+            return func(*args, **(kwargs or {}))
+
+    real_launch = launch.Launcher.__call__
+
+    def counted(self, *args, **kwargs):
+        events.append("step")
+        return real_launch(self, *args, **kwargs)
+
+    monkeypatch.setattr(launch.Launcher, "__call__", counted)
+    real_call = runtime.CompiledGraph.__call__
+
+    def marked(self, *args):
+        out = real_call(self, *args)
+        events.append(f"end of {self.kind}")
+        return out
+
+    monkeypatch.setattr(runtime.CompiledGraph, "__call__", marked)
+    if not owns:
+        real_training = lean_autograd._training_callable
+
+        def keeping(capture):
+            run = real_training(capture)
+            capture.backward[1].owns_inputs = False
+            return run
+        monkeypatch.setattr(lean_autograd, "_training_callable", keeping)
+
+    def pack(t):
+        weakref.finalize(t, events.append, "freed")
+        return t
+
+    torch.manual_seed(0)
+    w1, w2, w3 = (torch.randn(32, 32, requires_grad=True) for _ in range(3))
+    fn, _ = _compile(lambda x: (torch.tanh(torch.tanh(x @ w1) @ w2) @ w3).sum())
+    x = torch.randn(16, 32)
+    fn(x).backward()   # the first call checks what brrr made: it keeps its inputs
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = fn(x)
+    del events[:]
+    with Steps():
+        loss.backward()
+    steps = events[:events.index("end of backward")].count("step")
+    freed_at = [events[:i].count("step") for i, e in enumerate(events) if e == "freed"]
+    return steps, freed_at
+
+
+def test_a_launched_backward_frees_each_saved_tensor_at_its_last_use(monkeypatch):
+    steps, freed_at = _backward_frees(monkeypatch, owns=True)
+    assert len(freed_at) >= 2 and min(freed_at) < steps   # some saved tensor went before the backward's end
+
+
+def test_a_backward_keeping_its_inputs_frees_them_only_after_it_returns(monkeypatch):
+    steps, freed_at = _backward_frees(monkeypatch, owns=False)
+    assert len(freed_at) >= 2 and min(freed_at) >= steps

@@ -145,7 +145,7 @@ def built_graph(fn, *args):
 
 def test_generated_call_is_readable_python():
     src = built_graph(lambda x, w: F.linear(x, w).relu(), torch.randn(4, 8), torch.randn(8, 8)).source
-    assert "def call(args):" in src and "extern" in src and "# grid (" in src
+    assert "def call(args, owned=False):" in src and "extern" in src and "# grid (" in src
 
 
 def test_compiled_graph_knows_its_kind():
