@@ -1,0 +1,85 @@
+"""Where does brrr's Qwen2-0.5B training peak sit, forward or backward, and what does the chunked loss add?
+
+    PYTHONPATH=$PWD python3 benchmarks/probes/where_does_qwen2s_training_peak_sit.py
+
+Prediction (CPU replay of the generated calls on meta tensors, and the changes since): with saved tensors freed
+at their last use, the backward peaks ~1.4 GB under the forward's end; the forward peaks inside the chunked
+loss at ~1.1 GB above its inputs (one 594 MiB chunk, the 519 MiB fp32 weight-gradient sum), unless cuBLAS's
+fp32-output addmm allocates a temporary of its output's size (then ~1.6 GB).
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zoo"))
+MiB = 1 << 20
+
+
+def loss_op_alone():
+    from brrr.compile import linear_cross_entropy_op  # noqa: F401  (registers the op)
+    x = torch.randn(4096, 896, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(151936, 896, device="cuda", dtype=torch.bfloat16) * 0.02
+    t = torch.randint(0, 151936, (4096,), device="cuda")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = torch.ops.brrr.fused_linear_cross_entropy_with_grads(x, w, None, t, -100, "mean", 0.0, True, True, False,
+                                                               torch.float32)
+    torch.cuda.synchronize()
+    print(f"loss op alone: peak {(torch.cuda.max_memory_allocated() - base) / MiB:.0f} MiB above its inputs, "
+          f"{(torch.cuda.memory_allocated() - base) / MiB:.0f} MiB held after", flush=True)
+    del out
+    acc = torch.zeros(151936, 896, device="cuda")
+    a, b = torch.randn(151936, 2048, device="cuda", dtype=torch.bfloat16), x[:2048]
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    torch.cuda.synchronize()
+    print(f"addmm(out_dtype=fp32, out=acc) in place: {(torch.cuda.max_memory_allocated() - base) / MiB:.0f} MiB "
+          f"beyond its operands (acc is {acc.numel() * 4 / MiB:.0f} MiB)", flush=True)
+
+
+def training_peaks(backend):
+    import models
+    from brrr.bench.backends import resolve_backend, skip_logging_in_graphs
+
+    work = models.BY_NAME["qwen2-0.5b-train"].build("cuda", torch.bfloat16, False)
+    skip_logging_in_graphs()
+    torch._dynamo.reset()
+    fn = torch.compile(work.model, backend=resolve_backend(backend)) if backend != "eager" else work.model
+    for _ in range(3):
+        for p in work.model.parameters():
+            p.grad = None
+        fn(*work.inputs).backward()
+    for p in work.model.parameters():
+        p.grad = None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss = fn(*work.inputs)
+    torch.cuda.synchronize()
+    fwd_peak, after_fwd = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss.backward()
+    torch.cuda.synchronize()
+    bwd_peak = torch.cuda.max_memory_allocated()
+    print(f"{backend}: weights and inputs {base / MiB:.0f} MiB; forward peak +{(fwd_peak - base) / MiB:.0f}, "
+          f"held after it +{(after_fwd - base) / MiB:.0f}; backward peak +{(bwd_peak - base) / MiB:.0f} MiB",
+          flush=True)
+    del work, fn, loss
+    torch.cuda.empty_cache()
+
+
+def main():
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    loss_op_alone()
+    torch.cuda.empty_cache()
+    for backend in ("eager", "brrr", "inductor"):
+        training_peaks(backend)
+
+
+if __name__ == "__main__":
+    main()
