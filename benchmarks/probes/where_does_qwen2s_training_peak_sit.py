@@ -77,8 +77,55 @@ def training_peaks(backend):
     torch.cuda.empty_cache()
 
 
+def held_between_steps(backend):
+    """What a backend keeps allocated between the zoo's steps: live CUDA tensors of >= 32 MiB that are not the
+    model's parameters or gradients, by size, with what holds them."""
+    import gc
+
+    import models
+    from brrr.bench.backends import fresh_compile, skip_logging_in_graphs
+    from brrr.bench.step import Step, make_cotangents
+    from brrr.compile import replay_choice
+
+    work = models.BY_NAME["qwen2-0.5b-train"].build("cuda", torch.bfloat16, False)
+    skip_logging_in_graphs()
+    cot = make_cotangents(work.model(*work.inputs))
+    step = Step(fresh_compile(work.model, backend), work.model, [work.inputs], True, cot)
+    step()
+    outputs, grads = step.run_on_first_inputs()
+    del outputs, grads
+    for _ in range(replay_choice.TRIAL_CALLS + 10):
+        step()
+    for p in work.model.parameters():
+        p.grad = None
+    gc.collect()
+    torch.cuda.synchronize()
+    params = {p.data_ptr() for p in work.model.parameters()}
+    weights = sum(p.numel() * p.element_size() for p in work.model.parameters())
+    print(f"{backend}: allocated {torch.cuda.memory_allocated() / MiB:.0f} MiB between steps, weights "
+          f"{weights / MiB:.0f} MiB; verdicts: {[str(d)[:60] for d in replay_choice.DECISIONS[-2:]]}", flush=True)
+    big = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.is_cuda and
+           o.untyped_storage().nbytes() >= 32 * MiB and o.data_ptr() not in params]
+    seen = set()
+    for t in sorted(big, key=lambda t: -t.untyped_storage().nbytes()):
+        key = t.untyped_storage().data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        holders = [type(r).__name__ for r in gc.get_referrers(t) if r is not big][:4]
+        print(f"  {t.untyped_storage().nbytes() / MiB:.0f} MiB {t.dtype} {list(t.shape)} held by {holders}",
+              flush=True)
+    del big, step, work
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def main():
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    if "--held" in sys.argv:
+        for backend in ("brrr", "inductor"):
+            held_between_steps(backend)
+        return
     if "--launched-only" not in sys.argv:
         loss_op_alone()
         torch.cuda.empty_cache()
