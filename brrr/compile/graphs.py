@@ -24,6 +24,12 @@ stops being bound by the host. What a replay must get right:
   all. Any one of them replaying may then overwrite what another left in the pool, which is harmless for
   outputs copied out, and for lent outputs is why every pending loan of the pool is settled before any
   member replays.
+- A backward graph captures into its forward graph's pool (`after`), as torch's `make_graphed_callables`
+  does: its buffers reuse the forward's temporaries instead of adding a pool of their own (the step's graph
+  memory is about the larger of the two, not their sum). It never takes the forward's outputs, which stay
+  allocated (lent or kept to be copied out), and it replays only right after that forward replayed (it reads
+  the lent tensors in place), so a replay overwrites only memory that is dead by then: the forward's
+  temporaries, or the backward's own outputs, already copied out.
 """
 
 import weakref
@@ -117,17 +123,24 @@ class GraphedCall:
     Inputs at the positions in `pin` are another graph's lent outputs (a backward reading what its forward
     saved): they are read where they are, and the graph is used only while `pinned_ready` says they are
     still the lent memory (no replay of the forward has copied them away since). `pool`: a SharedPool to capture
-    into, shared with other GraphedCalls (else the graph's memory is its own)."""
+    into, shared with other GraphedCalls (else the graph's memory is its own). `after`: the GraphedCall whose
+    replay this one's always follows (a backward's forward): with no SharedPool, it captures into that one's
+    pool, if that one has captured."""
 
-    def __init__(self, call, first_args, lend=(), pin=(), pool=None):
+    def __init__(self, call, first_args, lend=(), pin=(), pool=None, after=None):
         self.call, self.first_ptrs = call, data_ptrs(first_args)
         self.pool = pool
+        self.after = weakref.ref(after) if after is not None else None
         if pool is not None:
             pool.join(self)
         self.graph, self.failed, self.refusals = None, False, 0
         self.lend, self.loans = frozenset(lend), []
         self.pin, self.pinned_ready = frozenset(pin), True
         self.views, self.rebuilt = {}, frozenset()   # outputs viewing inputs read in place; the last replay's
+
+    def _after_pool(self):
+        leader = self.after() if self.after is not None else None
+        return leader.graph.pool() if leader is not None and leader.graph is not None else None
 
     def track(self, loan):
         rebuilt = self.rebuilt
@@ -181,7 +194,7 @@ class GraphedCall:
             self.static_ptrs = data_ptrs(self.static)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            pool = self.pool.handle if self.pool is not None else None
+            pool = self.pool.handle if self.pool is not None else self._after_pool()
             with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                 self.static_out = self.call(self.static)
             if self.pool is not None and pool is None:

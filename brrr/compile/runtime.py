@@ -270,7 +270,8 @@ class CompiledGraph:
     def _new_graph(self, args):
         """A CUDA graph for these args, of shape `self.shape` (captured on its next call) and, with "auto", its
         trial; a symbolic graph keeps them as that shape's."""
-        self.graphed = GraphedCall(self.call, args, self.lend, self.pin, pool=self.pool)
+        lender = self.lender.graphed if self.lender is not None and self.pool is None else None
+        self.graphed = GraphedCall(self.call, args, self.lend, self.pin, pool=self.pool, after=lender)
         self.trial = None
         if self.cuda_graphs == "auto":
             leader = self.lender.trial if self.lender is not None else None

@@ -168,8 +168,33 @@ def bandwidth():
                   f"{bw / 1e12:.2f} TB/s = {bw / copy_bw:.0%} of copy (eager {2 * xb.numel() * 2 / te / 1e12:.2f} TB/s)")
 
 
+def replayed_training():
+    """Training steps replayed from CUDA graphs, the backward captured into its forward's pool, against eager:
+    each step's loss and gradients, with new inputs every step."""
+    torch._dynamo.reset()
+    m, (x,) = mlp("cuda", torch.float32, batch=256, dim=512)
+    cg = brrr.compile(m, cuda_graphs=True)
+    worst = 0.0
+    for step in range(6):
+        xs = torch.randn_like(x) * (1 + step)
+        for p in m.parameters():
+            p.grad = None
+        cg(xs).square().mean().backward()
+        got = [p.grad.clone() for p in m.parameters()]
+        for p in m.parameters():
+            p.grad = None
+        m(xs).square().mean().backward()
+        worst = max([worst] + [rel(a, p.grad) for a, p in zip(got, m.parameters())])
+    check("replayed training, backward in its forward's pool", worst < 1e-4, f"worst grad rel={worst:.2e}")
+
+
 if __name__ == "__main__":
     print(torch.__version__, __import__("triton").__version__, torch.cuda.get_device_name(), flush=True)
+    if "--replayed-training" in sys.argv:
+        replayed_training()
+        print("FAILED:", FAILED if FAILED else "none")
+        sys.exit(1 if FAILED else 0)
+    replayed_training()
     correctness()
     special_functions()
     if "--no-bench" not in sys.argv:

@@ -240,6 +240,8 @@ def test_a_forward_times_whole_steps_and_its_backward_follows(clock, fake_cuda_g
     train_steps(fw, bw, 3, w)
     assert fake_cuda_graphs.replays == replays + 6
     assert fw.trial is None and bw.trial is None and fw.graphed is not None and bw.graphed is not None
+    # the backward's buffers reuse the forward's pool; the forward's pool is its own
+    assert bw.graphed.graph.captured_into == fw.graphed.graph.pool() and fw.graphed.graph.captured_into is None
 
 
 def test_a_device_bound_pair_launches_both(clock, fake_cuda_graphs):
