@@ -120,8 +120,48 @@ def held_between_steps(backend):
     torch.cuda.empty_cache()
 
 
+def replayed_peaks():
+    """brrr with every graph replayed: memory held between steps and a step's peak, with the backward's graph
+    captured into its forward's pool and in a pool of its own."""
+    import gc
+
+    import brrr
+    import models
+    from brrr.bench.backends import skip_logging_in_graphs
+    from brrr.compile.graphs import GraphedCall
+
+    shared = GraphedCall._after_pool
+    for label, after_pool in (("backward in the forward's pool", shared), ("pools apart", lambda self: None)):
+        GraphedCall._after_pool = after_pool
+        work = models.BY_NAME["qwen2-0.5b-train"].build("cuda", torch.bfloat16, False)
+        skip_logging_in_graphs()
+        torch._dynamo.reset()
+        fn = brrr.compile(work.model, cuda_graphs=True)
+        torch.cuda.empty_cache()
+        for _ in range(4):
+            for p in work.model.parameters():
+                p.grad = None
+            fn(*work.inputs).backward()
+        for p in work.model.parameters():
+            p.grad = None
+        torch.cuda.synchronize()
+        held = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn(*work.inputs).backward()
+        torch.cuda.synchronize()
+        print(f"replayed, {label}: held between steps {held / MiB:.0f} MiB, step peak "
+              f"{torch.cuda.max_memory_allocated() / MiB:.0f} MiB; reserved {torch.cuda.memory_reserved() / MiB:.0f} "
+              f"MiB, peak reserved {torch.cuda.max_memory_reserved() / MiB:.0f} MiB", flush=True)
+        del work, fn
+        gc.collect()
+        torch.cuda.empty_cache()
+    GraphedCall._after_pool = shared
+
+
 def main():
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    if "--replayed" in sys.argv:
+        return replayed_peaks()
     if "--held" in sys.argv:
         for backend in ("brrr", "inductor"):
             held_between_steps(backend)
