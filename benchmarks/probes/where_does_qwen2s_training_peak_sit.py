@@ -149,9 +149,10 @@ def replayed_peaks():
         torch.cuda.reset_peak_memory_stats()
         fn(*work.inputs).backward()
         torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        torch.cuda.empty_cache()   # what stays reserved: the graphs' pools and live tensors
         print(f"replayed, {label}: held between steps {held / MiB:.0f} MiB, step peak "
-              f"{torch.cuda.max_memory_allocated() / MiB:.0f} MiB; reserved {torch.cuda.memory_reserved() / MiB:.0f} "
-              f"MiB, peak reserved {torch.cuda.max_memory_reserved() / MiB:.0f} MiB", flush=True)
+              f"{peak / MiB:.0f} MiB; reserved after empty_cache {torch.cuda.memory_reserved() / MiB:.0f} MiB", flush=True)
         del work, fn
         gc.collect()
         torch.cuda.empty_cache()
