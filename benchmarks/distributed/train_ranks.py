@@ -19,6 +19,7 @@ every run.
 """
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -129,8 +130,6 @@ def train(config, how, backend, args, device, rank, world):
     decisions_before = len(replay_choice.DECISIONS)
     sync = Sync(device)
     work = config.build(device, torch.bfloat16, args.quick)
-    if not args.keep_logging_breaks:   # as the zoo: after the build, which may add logging methods
-        skip_logging_in_graphs()
     model = work.model
     ids = work.inputs[0]
     vocab = model.model.config.vocab_size
@@ -148,7 +147,9 @@ def train(config, how, backend, args, device, rank, world):
 
     record = {"model": config.name, "wrap": how, "backend": backend, "world": world, "rank": rank,
               "batch_per_gpu": list(ids.shape)}
-    with torch._dynamo.config.patch(dynamo_limits(64)):
+    # as the zoo, logging calls skipped; entered after the build, which may add logging methods
+    with torch._dynamo.config.patch(dynamo_limits(64)), \
+            (contextlib.nullcontext() if args.keep_logging_breaks else skip_logging_in_graphs()):
         sync()
         start = time.perf_counter()
         losses = [step(data[0])]

@@ -23,6 +23,7 @@ own `...-gpu<I>` files as above; the merged file, rewritten while they run, is n
 """
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -96,18 +97,18 @@ def run_config(config, backends, device, dtype, quick, rep_ms, skip_logging=True
     broke = len(graph_breaks.LOG)
     try:
         work = config.build(device, dtype, quick)
-        if skip_logging:   # after the build: the model's package may add logging methods (`warning_once`)
-            skip_logging_in_graphs()
         warmup, rep = (2, 5) if quick else (25, rep_ms or 300)
-        if work.shapes:
-            result = bench_shapes(work.model, work.shapes, backends=backends, train=work.train, warmup=warmup,
-                                  rep=rep, reference_dtype=torch.float32, label=config.name)
-            entry["kind"] = "shapes"
-        else:
-            result = bench(work.model, *work.inputs, backends=backends, train=work.train, warmup=warmup, rep=rep,
-                           compile_warm=False, reference_dtype=torch.float32, reference=work.reference,
-                           label=config.name)
-            entry["kind"] = "static"
+        # entered after the build: the model's package may add logging methods (`warning_once`)
+        with skip_logging_in_graphs() if skip_logging else contextlib.nullcontext():
+            if work.shapes:
+                result = bench_shapes(work.model, work.shapes, backends=backends, train=work.train, warmup=warmup,
+                                      rep=rep, reference_dtype=torch.float32, label=config.name)
+                entry["kind"] = "shapes"
+            else:
+                result = bench(work.model, *work.inputs, backends=backends, train=work.train, warmup=warmup,
+                               rep=rep, compile_warm=False, reference_dtype=torch.float32,
+                               reference=work.reference, label=config.name)
+                entry["kind"] = "static"
         entry.update(status="ok", result=result.to_dict())
     except Exception as e:
         from models import Unavailable
@@ -144,13 +145,12 @@ def first_calls(configs, backends, device, dtype, quick, budget_s, path, skip_lo
         out[config.name] = times = {}
         try:
             work = config.build(device, dtype, quick)
-            if skip_logging:
-                skip_logging_in_graphs()
             inputs = work.shapes[0][1] if work.shapes else work.inputs
             cotangents = make_cotangents(work.model(*inputs)) if work.train else None
-            for backend in backends:
-                step = Step(fresh_compile(work.model, backend), work.model, [inputs], work.train, cotangents)
-                times[backend] = time_once(step, device)
+            with skip_logging_in_graphs() if skip_logging else contextlib.nullcontext():
+                for backend in backends:
+                    step = Step(fresh_compile(work.model, backend), work.model, [inputs], work.train, cotangents)
+                    times[backend] = time_once(step, device)
         except Exception as e:
             times["error"] = f"{type(e).__name__}: {e}"[:300]
         Path(path).write_text(json.dumps(out))

@@ -71,24 +71,25 @@ def dynamo_limits(minimum):
 LOGGING_METHODS = ("debug", "info", "warning", "warn", "warning_once", "info_once", "warning_advice")
 
 
+@contextlib.contextmanager
 def skip_logging_in_graphs():
-    """Make Dynamo skip `logging.Logger` calls met while tracing, for every backend in this process, instead of
-    breaking the graph there (Dynamo's own hint for that break). A model's logging call inside a compiled region
-    then does not run; the methods Hugging Face adds (`warning_once`...) are included where present. Returns the
-    names added: none where this torch has no such setting."""
+    """While in this context, Dynamo skips `logging.Logger` calls met while tracing, for every backend, instead
+    of breaking the graph there (Dynamo's own hint for that break); a model's logging call inside a compiled
+    region then does not run. The methods Hugging Face adds (`warning_once`...) are included where present, so
+    enter it after the model's package is imported. Yields the names skipped: none where this torch has no such
+    setting."""
     import logging
 
     import torch._dynamo.config as config
 
-    for name in ("ignore_logging_functions", "ignore_logger_methods"):
-        ignored = getattr(config, name, None)
-        if isinstance(ignored, set):
-            break
-    else:
-        return []
+    name = next((n for n in ("ignore_logging_functions", "ignore_logger_methods")
+                 if isinstance(getattr(config, n, None), set)), None)
+    if name is None:
+        yield []
+        return
     added = [m for m in LOGGING_METHODS if callable(getattr(logging.Logger, m, None))]
-    ignored.update(getattr(logging.Logger, m) for m in added)
-    return added
+    with config.patch(**{name: getattr(config, name) | {getattr(logging.Logger, m) for m in added}}):
+        yield added
 
 
 @contextlib.contextmanager

@@ -33,7 +33,8 @@ def _ignored_set_name():
 
 def test_explain_names_the_break_its_place_and_dynamos_hint():
     torch._dynamo.reset()
-    ex = brrr.explain(LogsBetweenOps(), torch.randn(8, 16))
+    with torch._dynamo.config.patch(**{_ignored_set_name(): set()}):   # logging breaks the graph, as by default
+        ex = brrr.explain(LogsBetweenOps(), torch.randn(8, 16))
     assert ex.graphs == ["inference", "inference"]   # the break splits the forward in two
     [brk] = ex.graph_breaks
     line = next(i for i, text in enumerate(inspect.getsource(LogsBetweenOps).splitlines())
@@ -61,14 +62,17 @@ def test_skipping_logging_keeps_one_graph_with_eagers_values():
         return brrr_backend(gm, inputs)
 
     model, x = LogsBetweenOps(), torch.randn(8, 16)
-    with torch._dynamo.config.patch(**{name: set()}):
-        added = skip_logging_in_graphs()
+    import torch._dynamo.config as config
+
+    before_set = set(getattr(config, name))
+    with skip_logging_in_graphs() as added:
         assert "warning" in added
         torch._dynamo.reset()
         before = len(graph_breaks.LOG)
         out = torch.compile(model, backend=counting)(x)
     assert len(graphs) == 1 and graph_breaks.LOG[before:] == []
     torch.testing.assert_close(out, model(x))
+    assert getattr(config, name) == before_set   # the setting is the context's alone
 
 
 def test_split_message_keeps_first_line_and_hints():
