@@ -71,6 +71,14 @@ def dynamo_limits(minimum):
 LOGGING_METHODS = ("debug", "info", "warning", "warn", "warning_once", "info_once", "warning_advice")
 
 
+def ignored_logging_setting():
+    """The name of Dynamo's set of logging functions it skips while tracing (it was renamed), or None."""
+    import torch._dynamo.config as config
+
+    return next((n for n in ("ignore_logging_functions", "ignore_logger_methods")
+                 if isinstance(getattr(config, n, None), set)), None)
+
+
 @contextlib.contextmanager
 def skip_logging_in_graphs():
     """While in this context, Dynamo skips `logging.Logger` calls met while tracing, for every backend, instead
@@ -82,8 +90,7 @@ def skip_logging_in_graphs():
 
     import torch._dynamo.config as config
 
-    name = next((n for n in ("ignore_logging_functions", "ignore_logger_methods")
-                 if isinstance(getattr(config, n, None), set)), None)
+    name = ignored_logging_setting()
     if name is None:
         yield []
         return

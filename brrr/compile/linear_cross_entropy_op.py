@@ -230,18 +230,22 @@ _ADDMM_OUT_DTYPE = "dtype" in torch.ops.aten.addmm.overloads()   # cuBLAS's fp32
 def _gradient_buffers(x, head, grad_x, grad_weight, grad_bias):
     """The input's gradient; the weight's over the padded rows, in fp32 where half-precision chunks are summed
     (each sum rounded to bf16 would add one rounding per chunk to eager's one); the bias's, in fp32."""
-    weight_grad = (torch.zeros(head.weight.shape, dtype=_accumulator(x), device=x.device) if head.several else
-                   torch.empty(head.weight.shape, dtype=head.weight.dtype, device=x.device))
+    if not grad_weight:
+        weight_grad = head.weight.new_empty(0)
+    elif head.several:
+        weight_grad = torch.zeros(head.weight.shape, dtype=_accumulator(x), device=x.device)
+    else:
+        weight_grad = torch.empty_like(head.weight, memory_format=torch.contiguous_format)
     return (torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else x.new_empty(0),
-            weight_grad if grad_weight else head.weight.new_empty(0),
+            weight_grad,
             torch.zeros(head.vocab, dtype=_accumulator(x), device=x.device) if grad_bias else x.new_empty(0))
 
 
-def _gradients_returned(gradients, head, weight, bias):
+def _gradients_returned(gradients, head, bias):
     """The gradient buffers as the ops return them: the weight's real rows and the bias's sum in their dtypes."""
     gx, gw, gb = gradients
     if gw.numel():
-        gw = gw[:head.vocab].to(weight.dtype)   # a view where no cast is needed
+        gw = gw[:head.vocab].to(head.weight.dtype)   # a view where no cast is needed
     return gx, gw, gb.to(bias.dtype) if gb.numel() else gb
 
 
@@ -307,14 +311,14 @@ def fused_linear_cross_entropy_backward(grad_loss: torch.Tensor, x: torch.Tensor
                            label_smoothing)
             _add_gradients(logits, start, stop, xc, head, gx, gw, gb)
             del logits
-    return _gradients_returned((gx, gw, gb), head, weight, bias)
+    return _gradients_returned((gx, gw, gb), head, bias)
 
 
 @fused_linear_cross_entropy_backward.register_fake
 def _(grad_loss, x, weight, bias, target, lse, ignore_index, reduction, label_smoothing, grad_x, grad_weight,
       grad_bias):
     head = _Head(x, weight, bias)
-    return _gradients_returned(_gradient_buffers(x, head, grad_x, grad_weight, grad_bias), head, weight, bias)
+    return _gradients_returned(_gradient_buffers(x, head, grad_x, grad_weight, grad_bias), head, bias)
 
 
 def _setup_context(ctx, inputs, output):
@@ -356,7 +360,7 @@ def fused_linear_cross_entropy_with_grads(x: torch.Tensor, weight: torch.Tensor,
         _add_gradients(logits, start, stop, xc, head, gx, gw, gb)
         del logits, real
     return (_loss(row_loss, target, ignore_index, reduction, dtype),) + \
-        _gradients_returned((gx, gw, gb), head, weight, bias)
+        _gradients_returned((gx, gw, gb), head, bias)
 
 
 @fused_linear_cross_entropy_with_grads.register_fake
@@ -364,7 +368,7 @@ def _(x, weight, bias, target, ignore_index, reduction, label_smoothing, grad_x,
     _check(x, weight, bias, target, reduction)
     head = _Head(x, weight, bias)
     return (x.new_empty((), dtype=dtype),) + _gradients_returned(
-        _gradient_buffers(x, head, grad_x, grad_weight, grad_bias), head, weight, bias)
+        _gradient_buffers(x, head, grad_x, grad_weight, grad_bias), head, bias)
 
 
 def _setup_with_grads(ctx, inputs, output):

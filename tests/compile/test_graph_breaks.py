@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import brrr
-from brrr.bench.backends import skip_logging_in_graphs
+from brrr.bench.backends import ignored_logging_setting, skip_logging_in_graphs
 from brrr.compile import graph_breaks
 from brrr.compile.backend import brrr_backend
 
@@ -24,11 +24,10 @@ class LogsBetweenOps(torch.nn.Module):
 
 
 def _ignored_set_name():
-    import torch._dynamo.config as config
-    for name in ("ignore_logging_functions", "ignore_logger_methods"):
-        if isinstance(getattr(config, name, None), set):
-            return name
-    pytest.skip("this torch has no setting for logging calls Dynamo skips")
+    name = ignored_logging_setting()
+    if name is None:
+        pytest.skip("this torch has no setting for logging calls Dynamo skips")
+    return name
 
 
 def test_explain_names_the_break_its_place_and_dynamos_hint():
