@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-COMPILED = ("brrr", "brrr-launches", "brrr-cudagraphs", "brrr-templates", "inductor")
+COMPILED = ("brrr", "brrr-launches", "brrr-cudagraphs", "brrr-templates", "brrr-recompute", "inductor")
 SLOWER_THAN_EAGER = 1.03    # the zoo's rule: brrr never more than 3% slower than eager
 README_BEGIN, README_END = "<!-- zoo:begin -->", "<!-- zoo:end -->"
 

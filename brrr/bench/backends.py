@@ -4,7 +4,8 @@
 `torch_dynamo_backends` entry point is not installed (e.g. a checkout run with PYTHONPATH);
 "brrr-cudagraphs" is brrr with `cuda_graphs=True` (each compiled graph replayed from a CUDA graph) and
 "brrr-launches" brrr with `cuda_graphs=False` (never replayed; plain "brrr" chooses by timing), "brrr-templates"
-brrr with `matmul_templates="auto"` (matmul epilogues fused where timing says so). Callables are
+brrr with `matmul_templates="auto"` (matmul epilogues fused where timing says so), "brrr-recompute" brrr with
+`recompute="pointwise"` (the forward saves no pointwise value its backward can recompute). Callables are
 passed through (tests register doubles that way). `fresh_compile` resets Dynamo first, so every backend
 starts from nothing and the first call pays the whole compile.
 """
@@ -18,6 +19,7 @@ BRRR_VARIANTS = {   # name -> brrr.compile's options
     "brrr-cudagraphs": {"cuda_graphs": True},
     "brrr-launches": {"cuda_graphs": False},
     "brrr-templates": {"matmul_templates": "auto"},
+    "brrr-recompute": {"recompute": "pointwise"},
 }
 
 

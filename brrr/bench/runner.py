@@ -41,14 +41,25 @@ def _judged_dtype(tensors):
     return next((d for d in dtypes if d in compare.HALF_TYPES), dtypes[0] if dtypes else None)
 
 
-def _peak_memory(step, device):
+def _peak_memory(step, device, held=0):
+    """The most memory allocated during one call of `step`, less `held`: bytes the harness itself keeps on the
+    device (eager's reference outputs and gradients, a precise run's), which no backend's user would hold."""
     if device.type != "cuda":
         return None
     synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     step()
     synchronize(device)
-    return int(torch.cuda.max_memory_allocated(device))
+    return int(torch.cuda.max_memory_allocated(device)) - held
+
+
+def device_bytes(tensors, device):
+    """Bytes of the distinct storages behind `tensors` that live on `device`."""
+    storages = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device == device:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
 
 
 def _reason(exc, limit=160):
@@ -85,6 +96,10 @@ class _Reference:
         self.outputs, self.grads = outputs, grads
         self.precise, self.eager_vs_precise, self.precise_name = precise, eager_vs_precise, precise_name
         self.dtype = _judged_dtype(outputs + [g for g in grads if g is not None])
+
+    def held_bytes(self, device):
+        """What the reference keeps on `device`: counted in every backend's peak, so taken out of it."""
+        return device_bytes(self.outputs + self.grads + list(self.precise or ()), device)
 
     def judge(self, outputs, grads):
         """(error vs eager, error vs the precise run or None, None or 'WRONG: ...')."""
@@ -135,8 +150,9 @@ def bench(model, *inputs, backends=DEFAULT_BACKENDS, train=False, progress=False
     label = label or (type(model).__name__ if isinstance(model, torch.nn.Module) else backend_name(model))
     result = BenchResult(rows=[], label=label, device=_device_name(device), dtype="?", train=train,
                          versions=versions())
-    result.notes.append("peak memory: torch.cuda.max_memory_allocated during one call"
-                        if device.type == "cuda" else "peak memory: not measured on CPU")
+    result.notes.append("peak memory: torch.cuda.max_memory_allocated during one call, less the reference "
+                        "outputs and gradients the harness holds" if device.type == "cuda" else
+                        "peak memory: not measured on CPU")
 
     from rich.progress import Progress
 
@@ -197,6 +213,7 @@ def _run_backend(row, model, input_sets, train, device, backend, reference, warm
             row.warm_compile_s = time_once(step, device)
         outputs, grads = step.run_on_first_inputs()
         row.error_vs_eager, row.error_vs_reference, wrong = reference.judge(outputs, grads)
+        del outputs, grads   # kept, they would count in the peak below
         if wrong:
             row.status, row.reason = "wrong", wrong
         for _ in range(TRIAL_CALLS):   # brrr's graphs choose launching or replaying on their first calls
@@ -207,7 +224,7 @@ def _run_backend(row, model, input_sets, train, device, backend, reference, warm
     if graph_timing and not train:
         graphed = time_graph(step, device, calls=max(10, len(input_sets)), warmup=warmup, rep=rep)
         row.graph_s = graphed.median_s if graphed is not None else None
-    row.peak_memory_bytes = _peak_memory(step, device)
+    row.peak_memory_bytes = _peak_memory(step, device, reference.held_bytes(device))
 
 
 def _device_name(device):

@@ -131,13 +131,15 @@ def bench_shapes(model, shape_inputs, backends=("eager", "inductor", "brrr"), tr
                     if row.backend != "eager":
                         outputs, grads = step.run_on_first_inputs()
                         point.error_vs_eager, point.error_vs_reference, wrong = ref.judge(outputs, grads)
+                        del outputs, grads
                         if wrong:
                             point.status, point.reason = "wrong", wrong
                         for _ in range(TRIAL_CALLS):   # brrr's launch-or-replay choice, per shape's graphs
                             step()
                     point.median_s = time_kernel(step, device, warmup=warmup, rep=rep).median_s
                     point.steady_s = time_steady(step, device).median_s
-                    point.peak_memory_bytes = _peak_memory(step, device)
+                    point.peak_memory_bytes = _peak_memory(step, device,
+                                                           sum(r.held_bytes(device) for r in references))
                 except Exception as exc:
                     point.status, point.reason = "failed", _reason(exc)
                     if row.backend == "eager":

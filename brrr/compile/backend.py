@@ -19,6 +19,7 @@ import torch
 
 from brrr.compile.attention_mask import contiguous_attention_masks
 from brrr.compile.linear_cross_entropy_pass import fuse_linear_cross_entropy
+from brrr.compile.partition import RECOMPUTE, partition_fn
 from brrr.compile import fallbacks, graph_breaks, sizes
 from brrr.compile.fallbacks import (MAX_REPLANS, GraphFallback, KernelFailed, debugging, is_out_of_memory, recover,
                                     warn_once)
@@ -191,7 +192,7 @@ def _dynamo_graph_fallback(reason, eager_forward, sink):
 
 
 def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, matmul_templates=None, symbolic_sizes=None,
-                 **options):
+                 recompute=None, **options):
     """The Dynamo backend: AOTAutograd (core-ATen decompositions, min-cut partitioner) around compile_graph;
     plain graphs then run from brrr's lean runtime instead of AOTAutograd's wrappers (lean_autograd.py).
     A graph brrr cannot compile (GraphFallback) runs as Dynamo captured it: `gm.forward`, taken before any
@@ -208,7 +209,7 @@ def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, matmul_temp
         # one compile at symbolic sizes (sizes.py); where brrr cannot plan it so, once per shape
         try:
             compiled = _compile_static(copy_graph_module(gm), example_inputs, eager_forward, cuda_graphs, _sink,
-                                       matmul_templates, symbolic_sizes=True)
+                                       matmul_templates, symbolic_sizes=True, recompute=recompute)
         except Exception as e:
             if debugging() or is_out_of_memory(e):
                 raise
@@ -218,19 +219,20 @@ def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, matmul_temp
             return compiled
     if reason == SYMBOLIC and _sink is None and device_refusal(gm, example_inputs) is None:
         return PerShape(gm, functools.partial(_compile_static, eager_forward=eager_forward,
-                                              cuda_graphs=cuda_graphs, matmul_templates=matmul_templates),
+                                              cuda_graphs=cuda_graphs, matmul_templates=matmul_templates,
+                                              recompute=recompute),
                         eager_forward)
     if reason:
         return _dynamo_graph_fallback(reason, eager_forward, _sink)
-    return _compile_static(gm, example_inputs, eager_forward, cuda_graphs, _sink, matmul_templates)
+    return _compile_static(gm, example_inputs, eager_forward, cuda_graphs, _sink, matmul_templates,
+                           recompute=recompute)
 
 
 def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink=None, matmul_templates=None,
-                    symbolic_sizes=False):
+                    symbolic_sizes=False, recompute=None):
     """brrr_backend for a graph of concrete sizes; `symbolic_sizes`: for one of symbolic sizes, planned at them, or
     None where brrr cannot (the caller then compiles it per shape)."""
     from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     from brrr.compile.lean_autograd import GraphCapture, lean_backward_patch
 
@@ -255,7 +257,7 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
 
     backend = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                            inference_compiler=compiler("inference"), decompositions=decomposition_table(),
-                           partition_fn=min_cut_rematerialization_partition)
+                           partition_fn=partition_fn(recompute))
     try:
         rewrites = fuse_linear_cross_entropy(gm)
     except Exception as e:   # an optimization only: the graph stays as Dynamo gave it
@@ -313,14 +315,17 @@ def compile(model, **options):
     False (never). matmul_templates: "off", "always" or "auto" (matmul_choice.py; default: BRRR_MATMUL_TEMPLATES,
     off when unset): whether a matmul and its epilogue run as one brrr kernel. symbolic_sizes: True (default;
     BRRR_SYMBOLIC_SIZES=0 turns it off) plans a graph Dynamo captures with symbolic sizes once, at those sizes
-    (sizes.py); False compiles it once per shape (specialize.py)."""
+    (sizes.py); False compiles it once per shape (specialize.py). recompute: "cheap" (default) or "pointwise"
+    (partition.py): which values a training graph's backward recomputes instead of the forward saving them."""
     from brrr.compile.matmul_choice import MODES
 
-    unknown = set(options) - {"cuda_graphs", "matmul_templates", "symbolic_sizes"}
+    unknown = set(options) - {"cuda_graphs", "matmul_templates", "symbolic_sizes", "recompute"}
     if unknown:
         raise TypeError(f"unknown brrr.compile options: {sorted(unknown)}")
     if options.get("cuda_graphs", "auto") not in CUDA_GRAPHS:
         raise ValueError(f"cuda_graphs={options['cuda_graphs']!r}: choose \"auto\", True or False")
     if options.get("matmul_templates") not in MODES + (None,):
         raise ValueError(f"matmul_templates={options['matmul_templates']!r}: choose one of {MODES}")
+    if options.get("recompute") not in RECOMPUTE + (None,):
+        raise ValueError(f"recompute={options['recompute']!r}: choose one of {RECOMPUTE}")
     return torch.compile(model, backend=make_backend(**options))
