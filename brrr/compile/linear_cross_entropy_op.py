@@ -22,7 +22,7 @@ linear does); one Triton kernel reads each row once (online max and sum-exp, the
 label smoothing); for gradients, one more reads each row again and writes softmax - one-hot, times the loss's
 gradient over the count for a mean, over it in place; then the input-gradient rows (one matmul) and the weight's
 gradient (one matmul; over several chunks accumulated into an fp32 buffer, beta=1, and rounded once at the end).
-The logits are padded to a 16-byte multiple of the vocabulary, the weight read in place (`_Head`). Where Triton cannot run (a CPU tensor without
+The weight is padded to a 16-byte multiple of the vocabulary (`_Head`). Where Triton cannot run (a CPU tensor without
 TRITON_INTERPRET=1, as when explain runs a graph) the per-row math runs as torch ops.
 """
 
@@ -181,25 +181,19 @@ def _accumulator(x):
 
 
 class _Head:
-    """The head's weight and bias, read in place, and its chunks of logits over a vocabulary padded to a 16-byte
-    multiple.
+    """The head's weight (and bias) with zero rows up to a 16-byte multiple of the vocabulary, and its chunks.
 
-    A vocabulary that is not such a multiple (GPT-2's 50257) sends a matmul whose rows or inner dim are the
-    vocabulary to cuBLAS's slow unaligned kernels: the input gradient's, whose K is the vocabulary, ran 5.2x
-    slower on an H200. Copying the weight with zero rows up to the multiple cost a whole weight of memory and
-    traffic (74 MiB at GPT-2's head), so instead:
-    - each chunk's logits are written by cuBLAS into a buffer of padded rows (a strided output, its row stride
-      aligned); its extra columns are zeros;
-    - the weight gradient's matmul takes those padded logits whole: the extra columns land in rows cut off;
-    - the input gradient's matmul runs over the vocabulary's aligned part, and its last few rows (under 16
-      bytes of columns) are added apart, both summed in fp32 and rounded once, as one matmul would."""
+    A vocabulary that is not such a multiple (GPT-2's 50257) would send every matmul here to cuBLAS's slow
+    unaligned kernels: the input gradient's, whose K is the vocabulary, ran 5.2x slower on an H200. So each
+    chunk's logits are made over the padded rows: their extra columns are 0 (zero weight rows, zero bias), the row
+    kernels read the real columns alone, and the gradient matmuls take the padded logits and weight whole; the
+    extra columns meet zero weight rows (the input's gradient) or land in rows that are cut off (the weight's)."""
 
     def __init__(self, x, weight, bias):
-        self.weight, self.bias = weight, bias
         self.vocab = weight.shape[0]
-        align = max(1, 16 // x.element_size())
-        self.padded = self.vocab + (-self.vocab) % align
-        self.aligned = self.vocab - self.vocab % align
+        pad = (-self.vocab) % max(1, 16 // x.element_size())
+        self.weight = torch.nn.functional.pad(weight, (0, 0, 0, pad)) if pad else weight
+        self.bias = torch.nn.functional.pad(bias, (0, pad)) if pad and bias is not None else bias
         self.step = chunk_rows(x.shape[0], self.vocab, x.shape[1], x.element_size())
         self.several = x.shape[0] > self.step   # chunks, whose weight gradients are summed
 
@@ -209,28 +203,12 @@ class _Head:
         for start in range(0, x.shape[0], self.step):
             stop = min(x.shape[0], start + self.step)
             xc = x[start:stop]
-            logits = torch.empty((stop - start, self.padded), dtype=x.dtype, device=x.device)
-            if self.padded > self.vocab:
-                logits[:, self.vocab:].zero_()
-            if self.bias is None:
-                torch.mm(xc, self.weight.t(), out=self.real(logits))
-            else:
-                torch.addmm(self.bias, xc, self.weight.t(), out=self.real(logits))
-            yield start, stop, xc, logits
+            yield start, stop, xc, (xc @ self.weight.t() if self.bias is None else
+                                    torch.addmm(self.bias, xc, self.weight.t()))
 
     def real(self, logits):
         """The real vocabulary's columns of padded logits."""
         return logits[:, :self.vocab]
-
-    def input_gradient(self, grad_logits, out):
-        """out = the real columns of `grad_logits` @ weight."""
-        if self.aligned == self.vocab:
-            torch.mm(self.real(grad_logits), self.weight, out=out)
-            return
-        acc = torch.zeros(out.shape, dtype=_accumulator(out), device=out.device)
-        _accumulate(acc, grad_logits[:, :self.aligned], self.weight[:self.aligned])
-        _accumulate(acc, grad_logits[:, self.aligned:self.vocab], self.weight[self.aligned:])
-        out.copy_(acc)
 
 
 def _loss(row_loss, target, ignore_index, reduction, dtype):
@@ -252,13 +230,12 @@ _ADDMM_OUT_DTYPE = "dtype" in torch.ops.aten.addmm.overloads()   # cuBLAS's fp32
 def _gradient_buffers(x, head, grad_x, grad_weight, grad_bias):
     """The input's gradient; the weight's over the padded rows, in fp32 where half-precision chunks are summed
     (each sum rounded to bf16 would add one rounding per chunk to eager's one); the bias's, in fp32."""
-    padded = (head.padded, head.weight.shape[1])
     if not grad_weight:
         weight_grad = head.weight.new_empty(0)
     elif head.several:
-        weight_grad = torch.zeros(padded, dtype=_accumulator(x), device=x.device)
+        weight_grad = torch.zeros(head.weight.shape, dtype=_accumulator(x), device=x.device)
     else:
-        weight_grad = head.weight.new_empty(padded)
+        weight_grad = torch.empty_like(head.weight, memory_format=torch.contiguous_format)
     return (torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else x.new_empty(0),
             weight_grad,
             torch.zeros(head.vocab, dtype=_accumulator(x), device=x.device) if grad_bias else x.new_empty(0))
@@ -287,7 +264,7 @@ def _add_gradients(grad_logits, start, stop, xc, head, gx, gw, gb):
     """One chunk's share, from its padded logits' gradient: its rows of the input's gradient, and its sums into
     the weight's and the bias's."""
     if gx.numel():
-        head.input_gradient(grad_logits, gx[start:stop])
+        torch.mm(grad_logits, head.weight, out=gx[start:stop])
     if gw.numel():
         if head.several:
             _accumulate(gw, grad_logits.t(), xc)
