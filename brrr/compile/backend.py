@@ -112,6 +112,16 @@ def plan_graph(gm, forced=None):
     return schedule(lower(gm, forced))
 
 
+def static_inputs(graph_kind):
+    """The positions of the parameters and buffers among a forward or inference graph's inputs, from
+    AOTAutograd's metadata (None for a backward, whose inputs it does not describe, or where it is absent)."""
+    if graph_kind not in ("forward", "inference"):
+        return None
+    context = torch._guards.TracingContext.try_get()
+    indices = getattr(getattr(context, "fw_metadata", None), "static_input_indices", None)
+    return tuple(indices) if indices is not None else None
+
+
 def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind="forward", matmul_templates=None,
                   symbolic_sizes=False):
     """One core-ATen graph -> a callable. `sink` (explain) observes each plan instead of building it;
@@ -130,6 +140,7 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
     if reason:
         raise GraphFallback(reason)
     forced, replans = {}, []
+    statics = static_inputs(graph_kind)   # read now: a re-plan may run after AOTAutograd's context has closed
 
     def attempt():
         with sizes.planning(), sizes.recording_guards(example_inputs if symbolic_sizes else (), graph_kind, sink):
@@ -152,6 +163,7 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
                 warn_once(f"{op} runs as ATen: {why}")
         compiled, _ = build(plan, gm, cuda_graphs=cuda_graphs if "cuda" in _devices(gm) else False,
                             kind=graph_kind, matmul_templates=matmul_templates)
+        compiled.static_inputs = statics
         compiled.replan = replan
         return compiled
 

@@ -2,9 +2,12 @@
 
 A replay costs one launch however many kernels the graph holds, so a graph of hundreds of small launches
 stops being bound by the host. What a replay must get right:
-- Inputs. The graph reads fixed addresses. An input whose address was the same on the first two calls
-  (parameters, typically) is read where it lives, and a replay with that input elsewhere is refused: the call
-  runs without the graph. Any other input is copied into a private buffer before each replay. A graph never
+- Inputs. The graph reads fixed addresses. A parameter or buffer (AOTAutograd's static inputs, where the graph
+  knows them; else an input whose address was the same on the first two calls) is read where it lives, and a
+  replay with that input elsewhere is refused: the call runs without the graph. Any other input is copied into
+  a private buffer before each replay. (An activation from another graph, such as the previous piece of a
+  model DDP's graph splitting cut in pieces, may sit at one address for two calls and move on the third; read
+  in place it would have stopped the graph replaying for good.) A graph never
   writes into an input (AOTAutograd applies input mutations outside the compiled graph).
 - An output that is a view of an input read in place (a parameter's transpose saved for the backward) is
   rebuilt on each replay as the same view of *this* call's input: the tensor seen at capture may since have
@@ -39,12 +42,16 @@ import torch
 MAX_REFUSALS = 3   # replays refused for a moved input before the graph is dropped for good
 
 
-def input_slots(first_ptrs, args):
-    """Per argument: "address" (same tensor memory as the first call), "copy" (another tensor), or None."""
+def input_slots(first_ptrs, args, static=None):
+    """Per argument: "address" (read in place), "copy" (copied in before each replay), or None (no tensor).
+    `static`: the positions of parameters and buffers, or None where unknown; then an input at the same memory
+    as on the first call is read in place."""
     slots = []
-    for first, a in zip(first_ptrs, args):
+    for i, (first, a) in enumerate(zip(first_ptrs, args)):
         if not isinstance(a, torch.Tensor):
             slots.append(None)
+        elif static is not None:
+            slots.append("address" if i in static else "copy")
         else:
             slots.append("address" if first is not None and a.data_ptr() == first else "copy")
     return slots
@@ -125,10 +132,12 @@ class GraphedCall:
     still the lent memory (no replay of the forward has copied them away since). `pool`: a SharedPool to capture
     into, shared with other GraphedCalls (else the graph's memory is its own). `after`: the GraphedCall whose
     replay this one's always follows (a backward's forward): with no SharedPool, it captures into that one's
-    pool, if that one has captured."""
+    pool, if that one has captured. `static`: the positions of the parameters and buffers among the inputs,
+    where known (input_slots)."""
 
-    def __init__(self, call, first_args, lend=(), pin=(), pool=None, after=None):
+    def __init__(self, call, first_args, lend=(), pin=(), pool=None, after=None, static=None):
         self.call, self.first_ptrs = call, data_ptrs(first_args)
+        self.static_positions = frozenset(static) if static is not None else None
         self.pool = pool
         self.after = weakref.ref(after) if after is not None else None
         if pool is not None:
@@ -189,7 +198,7 @@ class GraphedCall:
     def _capture(self, args):
         try:
             self.slots = [("address" if i in self.pin else slot) for i, slot in
-                          enumerate(input_slots(self.first_ptrs, args))]
+                          enumerate(input_slots(self.first_ptrs, args, self.static_positions))]
             self.static = [a.clone() if slot == "copy" else a for slot, a in zip(self.slots, args)]
             self.static_ptrs = data_ptrs(self.static)
             torch.cuda.synchronize()

@@ -28,6 +28,23 @@ def test_unmoved_inputs_read_in_place_others_copied_outputs_copied(fake_cuda_gra
     assert g.refusals == 1
 
 
+def test_an_activation_at_one_address_for_two_calls_still_replays_once_it_moves(fake_cuda_graphs):
+    """The previous piece's output (DDP's graph pieces) can land at the same address twice, then elsewhere:
+    with the parameters known (static), it is copied in, and the graph keeps replaying."""
+    w = torch.randn(4)
+    x1, x2 = torch.randn(3, 4), torch.randn(3, 4)
+    g = GraphedCall(double_and_sum, [x1, w], static=(1,))
+    out = g([x1, w])                                  # the same address as the first call
+    assert g.slots == ["copy", "address"]
+    moved = g([x2, w])
+    assert moved is not None and g.refusals == 0
+    torch.testing.assert_close(out[0], x1 * w * 2)
+    torch.testing.assert_close(moved[0], x2 * w * 2)
+    unknown = GraphedCall(double_and_sum, [x1, w])    # without static positions: read in place, then refused
+    unknown([x1, w])
+    assert unknown.slots == ["address", "address"] and unknown([x2, w]) is None
+
+
 def test_lent_outputs_are_the_graphs_memory_and_pending_loans_get_copies(fake_cuda_graphs):
     w = torch.randn(4)
     x0, x1, x2, x3 = (torch.randn(3, 4) for _ in range(4))

@@ -130,6 +130,16 @@ def test_graph_input_slots_read_unmoved_tensors_in_place_and_copy_the_rest():
     assert input_slots(first, [x2, x2, 3]) == ["copy", "copy", None]
 
 
+def test_graph_input_slots_read_only_static_inputs_in_place_where_they_are_known():
+    from brrr.compile.graphs import data_ptrs, input_slots
+
+    param, x = torch.zeros(4), torch.zeros(4)
+    first = data_ptrs([param, x, 3])
+    # x sits where it sat on the first call, but is no parameter: copied
+    assert input_slots(first, [param, x, 3], static=(0,)) == ["address", "copy", None]
+    assert input_slots(first, [param, x, 3], static=()) == ["copy", "copy", None]
+
+
 def test_kernels_taken_by_torchs_static_launcher_launch_through_it(gpu_like, monkeypatch):
     calls = []
 

@@ -155,6 +155,20 @@ def test_compiled_graph_knows_its_kind():
     assert built_graph(lambda x: (x.relu() + 1).sum(1), x).kind == "backward"
 
 
+def test_a_graph_knows_which_of_its_inputs_are_parameters():
+    """AOTAutograd's static inputs (parameters and buffers) are what a CUDA graph reads in place; the input
+    batch is copied in. A backward's inputs are not described there."""
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        graph = built_graph(lin, x)
+    inputs = [n.meta["val"] for n in graph.gm.graph.nodes if n.op == "placeholder"]
+    assert graph.kind == "inference" and len(inputs) == 3
+    assert sorted(tuple(inputs[i].shape) for i in graph.static_inputs) == [(8,), (8, 8)]   # weight and bias
+    backward = built_graph(lin, x)   # parameters that require grad: the last graph built is the backward
+    assert backward.kind == "backward" and backward.static_inputs is None
+
+
 def test_launchers_know_which_arguments_the_call_allocated():
     call = built_graph(lambda x: (x.relu() + 1).sum(1), torch.randn(4, 8)).call
     launchers = [v for v in call.__globals__.values() if isinstance(v, runtime.Launcher)]
