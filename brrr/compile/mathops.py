@@ -145,6 +145,23 @@ def operand_kind(dtypes):
     return FLOAT if FLOAT in kinds else INT if INT in kinds else BOOL
 
 
+# Ops a few instructions compute (arithmetic, comparisons, selects, one-instruction roots). Every other op is a
+# library routine of tens of instructions (transcendentals, special functions): evaluated once per element of a
+# broadcast it costs compute, not bytes, which is why the scheduler stores such a value rather than have a larger
+# kernel recompute it (schedule.recompute_or_store).
+SHORT_OPS = frozenset({
+    "abs", "add", "and", "bitwise_not", "cast", "ceil", "copysign", "div", "eq", "floor", "floordiv", "fmod",
+    "frac", "ge", "gt", "isinf", "isnan", "le", "logical_not", "lt", "maximum", "minimum", "mul", "ne", "neg", "or",
+    "reciprocal", "relu", "remainder", "round", "round_to", "rsqrt", "sign", "signbit", "sqrt", "square", "sub",
+    "trunc", "truncdiv", "where", "xor",
+})
+
+
+def is_long(name):
+    """Whether math op `name` is a library routine of many instructions rather than a few (SHORT_OPS)."""
+    return name not in SHORT_OPS
+
+
 def template(name, kind):
     """(format string, helper names) for op `name` on operands of `kind`, or None if it is not rendered."""
     entry = OPS.get(name)

@@ -15,7 +15,7 @@ Kernels are named after what they fuse (brrr.compile.naming) once packing is don
 
 from dataclasses import dataclass, field
 
-from brrr.compile import ir, layout
+from brrr.compile import ir, layout, mathops
 from brrr.compile.naming import kernel_name
 from brrr.compile.indexing import Ix, linear, unflatten
 from brrr.compile.sizes import hint, same
@@ -199,14 +199,22 @@ class Scheduler:
         self.recompute_or_store()
 
     def recompute_or_store(self):
-        """a pointwise node read by consumers in k different iteration spaces (or stages, `extern_stages`):
-        store it when
-        in_bytes + out_bytes * k <= k * in_bytes (brrr.cost's tensor_bytes for each side). Stored, it is
+        """Which pointwise nodes read by several kernels get a buffer instead of being recomputed by each.
+
+        Bytes: a node read by consumers in k different iteration spaces (or stages, `extern_stages`) is stored
+        when in_bytes + out_bytes * k <= k * in_bytes (brrr.cost's tensor_bytes for each side). Stored, it is
         computed in one of those spaces (whose read is then free), written once and read by the k - 1 others.
         Nodes are decided in graph order and a node's reads count what is already stored as one load, so a
         chain such as a residual stream (x1 = x0 + a, x2 = x1 + b, ...) is not re-derived from its start in
         every layer: each layer would read one more tensor than the last. A tie stores: the same bytes, and the
-        kernels that read it stay short."""
+        kernels that read it stay short.
+
+        Compute: a node whose value takes a long math routine (mathops.is_long: a sine, an exponential) and that
+        a consumer reads through a broadcast is evaluated once per element of the consumer, not of the node. A
+        rotary embedding's cos and sin of [positions, dims] angles, inlined into the backward over [batch,
+        positions, heads, 3 x head dim], were evaluated 1152 times each (194 us a layer in GPT-NeoX's backward
+        on an H100, against ~36 us for the bytes). Such a node is stored once the consumers' extra evaluations
+        reach BROADCAST_EVALS, enough to pay for the small kernel that computes it."""
         from brrr.cost.ops import tensor_bytes
         stage = self.extern_stages()
         users = {}
@@ -219,10 +227,24 @@ class Scheduler:
         prev, ir.LOAD_STORED = ir.LOAD_STORED, self.stored   # grows as nodes are decided
         try:
             for n, spaces in users.items():
-                if n.kind != "pointwise" or n.view_of is not None or n in self.stored or len(spaces) < 2:
+                if n.kind != "pointwise" or n.view_of is not None or n in self.stored:
+                    continue
+                extra = max(_numel(space) for space, _ in spaces) - hint(n.numel)
+                if extra < BROADCAST_EVALS and len(spaces) < 2:
+                    continue
+                value = n(unflatten(Ix.var("xindex", max(n.numel, 1)), n.shape))
+                if extra >= BROADCAST_EVALS:
+                    long_ops = sorted({v.name for v in ir.walk(value)
+                                       if isinstance(v, ir.Op) and mathops.is_long(v.name)})
+                    if long_ops:
+                        self.stored.add(n)
+                        self.refusals.append((n, f"stored: a consumer would evaluate its {', '.join(long_ops)} "
+                                                 f"{extra} more times than it has elements"))
+                        continue
+                if len(spaces) < 2:
                     continue
                 reads = {}
-                for v in ir.walk(n(unflatten(Ix.var("xindex", max(n.numel, 1)), n.shape))):
+                for v in ir.walk(value):
                     if isinstance(v, ir.Load):
                         reads[v.buf] = load_bytes(v.buf, n.numel)
                 in_b, out_b, k = sum(reads.values()), hint(tensor_bytes(n.meta["fake"])), len(spaces)
@@ -452,6 +474,14 @@ class Scheduler:
             k.name = kernel_name(k.members, i, position)
         # refusals stay unrendered (Reason): a kernel may still be renamed when its source is known (kernel_registry)
         return Plan(self.steps, self.stored, self.refusals, self.L)
+
+
+BROADCAST_EVALS = 1 << 22   # extra evaluations of a long math op that are worth a kernel of its own
+
+
+def _numel(space):
+    shape, _ = space
+    return hint(_prod(shape))
 
 
 def _space(n):

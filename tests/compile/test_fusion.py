@@ -114,3 +114,30 @@ def test_a_residual_stream_is_stored_not_rederived_in_every_layer():
     ex = explain(stack, torch.randn(32, 64))
     inputs = [k.source.split("@triton.jit")[1].split(")")[0].count("in_ptr") for k in ex.kernels]
     assert len(ex.kernels) == 7 and max(inputs) <= 2, inputs
+
+
+def _rotate(x, angle):
+    """A rotary embedding's shape: cos and sin of small [positions, dims] angles, broadcast over batch and heads."""
+    return x * angle.cos() + x.flip(-1) * angle.sin()
+
+
+def test_a_long_math_op_read_through_a_broadcast_is_computed_once(monkeypatch):
+    from brrr.compile import schedule
+    monkeypatch.setattr(schedule, "BROADCAST_EVALS", 1 << 10)
+    x, angle = torch.randn(4, 8, 16, 32), torch.randn(16, 32)
+    ex = explain(_rotate, x, angle)
+    small, big = sorted(ex.kernels, key=lambda k: len(k.space))
+    assert set(small.ops) == {"cos", "sin"} and small.space == "[16, 32]"
+    assert "cos" not in big.ops and "sin" not in big.ops   # it loads them
+    assert any("would evaluate its cos" in r for r in map(str, ex.refusals))
+    torch.testing.assert_close(brrr.compile(_rotate, cuda_graphs=False)(x, angle), _rotate(x, angle))
+
+
+def test_short_ops_and_unbroadcast_long_ops_stay_inlined(monkeypatch):
+    from brrr.compile import schedule
+    monkeypatch.setattr(schedule, "BROADCAST_EVALS", 1 << 10)
+    x, a = torch.randn(4, 8, 16, 32), torch.randn(16, 32)
+    assert len(explain(lambda x, a: x * (a * 2 + 1), x, a).kernels) == 1        # a multiply-add: recomputed
+    assert len(explain(lambda x, y: x.exp() * y, x, torch.randn_like(x)).kernels) == 1   # exp once per element
+    monkeypatch.setattr(schedule, "BROADCAST_EVALS", 1 << 22)
+    assert len(explain(_rotate, x, a).kernels) == 1   # too few extra evaluations to pay for a kernel
