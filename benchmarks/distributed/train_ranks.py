@@ -19,7 +19,6 @@ every run.
 """
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -149,7 +148,7 @@ def train(config, how, backend, args, device, rank, world):
               "batch_per_gpu": list(ids.shape)}
     # as the zoo, logging calls skipped; entered after the build, which may add logging methods
     with torch._dynamo.config.patch(dynamo_limits(64)), \
-            (contextlib.nullcontext() if args.keep_logging_breaks else skip_logging_in_graphs()):
+            skip_logging_in_graphs(not args.keep_logging_breaks):
         sync()
         start = time.perf_counter()
         losses = [step(data[0])]

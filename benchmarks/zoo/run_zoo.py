@@ -23,7 +23,6 @@ own `...-gpu<I>` files as above; the merged file, rewritten while they run, is n
 """
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -99,7 +98,7 @@ def run_config(config, backends, device, dtype, quick, rep_ms, skip_logging=True
         work = config.build(device, dtype, quick)
         warmup, rep = (2, 5) if quick else (25, rep_ms or 300)
         # entered after the build: the model's package may add logging methods (`warning_once`)
-        with skip_logging_in_graphs() if skip_logging else contextlib.nullcontext():
+        with skip_logging_in_graphs(skip_logging):
             if work.shapes:
                 result = bench_shapes(work.model, work.shapes, backends=backends, train=work.train, warmup=warmup,
                                       rep=rep, reference_dtype=torch.float32, label=config.name)
@@ -147,7 +146,7 @@ def first_calls(configs, backends, device, dtype, quick, budget_s, path, skip_lo
             work = config.build(device, dtype, quick)
             inputs = work.shapes[0][1] if work.shapes else work.inputs
             cotangents = make_cotangents(work.model(*inputs)) if work.train else None
-            with skip_logging_in_graphs() if skip_logging else contextlib.nullcontext():
+            with skip_logging_in_graphs(skip_logging):
                 for backend in backends:
                     step = Step(fresh_compile(work.model, backend), work.model, [inputs], work.train, cotangents)
                     times[backend] = time_once(step, device)

@@ -82,8 +82,8 @@ def ignored_logging_setting():
 
 
 @contextlib.contextmanager
-def skip_logging_in_graphs():
-    """While in this context, Dynamo skips `logging.Logger` calls met while tracing, for every backend, instead
+def skip_logging_in_graphs(enabled=True):
+    """While in this context (a no-op when not `enabled`), Dynamo skips `logging.Logger` calls met while tracing, for every backend, instead
     of breaking the graph there (Dynamo's own hint for that break); a model's logging call inside a compiled
     region then does not run. The methods Hugging Face adds (`warning_once`...) are included where present, so
     enter it after the model's package is imported. Yields the names skipped: none where this torch has no such
@@ -92,7 +92,7 @@ def skip_logging_in_graphs():
 
     import torch._dynamo.config as config
 
-    name = ignored_logging_setting()
+    name = ignored_logging_setting() if enabled else None
     if name is None:
         yield []
         return

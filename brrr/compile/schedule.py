@@ -232,21 +232,17 @@ class Scheduler:
                 extra = max(_numel(space) for space, _ in spaces) - hint(n.numel)
                 if extra < BROADCAST_EVALS and len(spaces) < 2:
                     continue
-                value = n(unflatten(Ix.var("xindex", max(n.numel, 1)), n.shape))
-                if extra >= BROADCAST_EVALS:
-                    long_ops = sorted({v.name for v in ir.walk(value)
-                                       if isinstance(v, ir.Op) and mathops.is_long(v.name)})
-                    if long_ops:
-                        self.stored.add(n)
-                        self.refusals.append((n, f"stored: a consumer would evaluate its {', '.join(long_ops)} "
-                                                 f"{extra} more times than it has elements"))
-                        continue
+                values = list(ir.walk(n(unflatten(Ix.var("xindex", max(n.numel, 1)), n.shape))))
+                long_ops = sorted({v.name for v in values if isinstance(v, ir.Op) and mathops.is_long(v.name)}) \
+                    if extra >= BROADCAST_EVALS else ()
+                if long_ops:
+                    self.stored.add(n)
+                    self.refusals.append((n, f"stored: a consumer would evaluate its {', '.join(long_ops)} "
+                                             f"{extra} more times than it has elements"))
+                    continue
                 if len(spaces) < 2:
                     continue
-                reads = {}
-                for v in ir.walk(value):
-                    if isinstance(v, ir.Load):
-                        reads[v.buf] = load_bytes(v.buf, n.numel)
+                reads = {v.buf: load_bytes(v.buf, n.numel) for v in values if isinstance(v, ir.Load)}
                 in_b, out_b, k = sum(reads.values()), hint(tensor_bytes(n.meta["fake"])), len(spaces)
                 if in_b + out_b * k <= k * in_b:
                     self.stored.add(n)

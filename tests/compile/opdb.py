@@ -151,13 +151,14 @@ def _raised_in_brrr(e):
 
 def _aot_compile(fn):
     from torch._functorch.aot_autograd import aot_function
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from brrr.compile.partition import partition_fn
 
     def compiler(kind):
         return lambda gm, inputs: backend.compile_graph(gm, inputs, graph_kind=kind)
     return aot_function(fn, fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                         inference_compiler=compiler("inference"), decompositions=backend.decomposition_table(),
-                        partition_fn=min_cut_rematerialization_partition)
+                        partition_fn=partition_fn())
 
 
 def _dynamo_compile(fn):

@@ -72,6 +72,8 @@ def test_skipping_logging_keeps_one_graph_with_eagers_values():
     assert len(graphs) == 1 and graph_breaks.LOG[before:] == []
     torch.testing.assert_close(out, model(x))
     assert getattr(config, name) == before_set   # the setting is the context's alone
+    with skip_logging_in_graphs(enabled=False) as added:   # --keep-logging-breaks: nothing skipped
+        assert added == [] and getattr(config, name) == before_set
 
 
 def test_split_message_keeps_first_line_and_hints():
