@@ -40,6 +40,7 @@ def parse_args(argv=None):
                    help="leave Dynamo's graph breaks at logging calls in model code (skipped by default, as the zoo)")
     p.add_argument("--out", default=None, help="directory for the JSON and Markdown (default results/distributed)")
     p.add_argument("--commit", help="the commit measured (default: git rev-parse --short HEAD)")
+    p.add_argument("--ddp-grads", default="bucket-view", help="bucket-view or copied (train_ranks.py's option)")
     p.add_argument("--timeout-s", type=float, default=1200, help="limit for each launched run")
     return p.parse_args(argv)
 
@@ -53,7 +54,8 @@ def _free_port():
 def launch(args, model, wraps, gpus, out):
     """train_ranks.py on `gpus` processes (1: a plain process on the first GPU); its record file, or None."""
     worker = [str(HERE / "train_ranks.py"), "--models", model, "--wraps", wraps, "--backends", args.backends,
-              "--loss-steps", str(args.loss_steps), "--timed-steps", str(args.timed_steps), "--out", str(out)] + \
+              "--loss-steps", str(args.loss_steps), "--timed-steps", str(args.timed_steps),
+              "--ddp-grads", args.ddp_grads, "--out", str(out)] + \
         (["--quick"] if args.quick else []) + (["--keep-logging-breaks"] if args.keep_logging_breaks else [])
     env = os.environ.copy()
     if gpus == 1:
@@ -103,7 +105,7 @@ def main(argv=None):
                    "torch": torch.__version__, "triton": _version("triton"), "transformers": _version("transformers"),
                    "dtype": "bfloat16", "backends": args.backends.split(","), "loss_steps": args.loss_steps,
                    "timed_steps": args.timed_steps, "mode": "quick" if args.quick else "full",
-                   "dynamo_skips_logging": not args.keep_logging_breaks,
+                   "dynamo_skips_logging": not args.keep_logging_breaks, "ddp_grads": args.ddp_grads,
                    "nccl": ".".join(map(str, torch.cuda.nccl.version())) if not args.quick else None}
     records = []
     work = Path(tempfile.mkdtemp(prefix="brrr-distributed-"))

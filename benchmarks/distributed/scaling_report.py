@@ -120,13 +120,18 @@ def _check(value):
     return {True: "yes", False: "**no**", None: "-"}[value]
 
 
+def _ddp_grads(env):
+    how = env.get("ddp_grads", "copied")   # records before the option was DDP's default
+    return "views of its buckets (gradient_as_bucket_view)" if how == "bucket-view" else "copied out of its buckets"
+
+
 def markdown(results):
     env = results["environment"]
     lines = [f"# brrr under DDP and FSDP2: {env['device']} x{env['gpus']}", "",
              f"{env['date']}, commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, "
              f"transformers {env['transformers']}, NCCL {env.get('nccl')}; {env['dtype']}, AdamW; loss over the "
              f"first {env['loss_steps']} steps (the first holds the compile), step time the median of "
-             f"{env['timed_steps']} steps after them.", "",
+             f"{env['timed_steps']} steps after them. DDP's gradients: {_ddp_grads(env)}.", "",
              "Per-GPU step: the slowest rank's median. Scaling: the one-GPU step of the same backend at the same "
              "per-GPU batch over the per-GPU step. Loss error: the largest relative difference of the "
              "rank-averaged loss from eager DDP's, over the same steps.", "",

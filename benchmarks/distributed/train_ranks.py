@@ -49,6 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="tiny models on CPU with gloo (a smoke run)")
     p.add_argument("--keep-logging-breaks", action="store_true",
                    help="leave Dynamo's graph breaks at logging calls in model code (skipped by default, as the zoo)")
+    p.add_argument("--ddp-grads", choices=DDP_GRADS, default="bucket-view",
+                   help="where DDP leaves the gradients: views of its all-reduce buckets (gradient_as_bucket_view, "
+                        "no copy out of them after each all-reduce), or copied back into each .grad (DDP's default)")
     p.add_argument("--out", required=True, help="JSON written by rank 0")
     return p.parse_args(argv)
 
@@ -62,13 +65,20 @@ def model_blocks(model):
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def wrap(model, how, device):
+DDP_GRADS = ("bucket-view", "copied")
+
+
+def wrap(model, how, device, ddp_grads="bucket-view"):
+    """The model under `how`. DDP's gradients are views of its buckets by default: its own copies of 148
+    buckets' slices back into GPT-2's .grad tensors took ~2 ms of host time a step, after the last all-reduce,
+    for every backend alike (benchmarks/NOTES.md)."""
     if how == "none":
         return model
     if how == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                       gradient_as_bucket_view=ddp_grads == "bucket-view")
     assert how == "fsdp2", how
     from torch.distributed.fsdp import fully_shard
 
@@ -132,7 +142,7 @@ def train(config, how, backend, args, device, rank, world):
     model = work.model
     ids = work.inputs[0]
     vocab = model.model.config.vocab_size
-    wrapped = wrap(model, how, device)
+    wrapped = wrap(model, how, device, args.ddp_grads)
     compiled = wrapped if backend == "eager" else torch.compile(wrapped, backend=resolve_backend(backend))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     data = batches(vocab, ids.shape[0], ids.shape[1], args.loss_steps, rank, device)
@@ -146,6 +156,8 @@ def train(config, how, backend, args, device, rank, world):
 
     record = {"model": config.name, "wrap": how, "backend": backend, "world": world, "rank": rank,
               "batch_per_gpu": list(ids.shape)}
+    if how == "ddp":
+        record["ddp_grads"] = args.ddp_grads
     # as the zoo, logging calls skipped; entered after the build, which may add logging methods
     with torch._dynamo.config.patch(dynamo_limits(64)), \
             skip_logging_in_graphs(not args.keep_logging_breaks):

@@ -80,10 +80,11 @@ def full(t):
 
 
 def wrap(model, kind):
-    if kind == "ddp":
+    if kind in ("ddp", "ddp-bucket-view"):
         from torch.nn.parallel import DistributedDataParallel
-        # 1 MiB buckets (the size of DDP's and DDPOptimizer's first bucket): the graph splits in two
-        return DistributedDataParallel(model, bucket_cap_mb=1)
+        # 1 MiB buckets (the size of DDP's and DDPOptimizer's first bucket): the graph splits in two; with
+        # bucket views, each .grad is DDP's bucket memory that the compiled backward's gradients are copied into
+        return DistributedDataParallel(model, bucket_cap_mb=1, gradient_as_bucket_view=kind == "ddp-bucket-view")
     assert kind == "fsdp2", kind
     from torch.distributed.fsdp import fully_shard
     for block in model.blocks:

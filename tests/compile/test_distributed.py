@@ -68,8 +68,9 @@ def assert_brrr_ran(rank, min_graphs):
     assert rank["eager"]["launches"] == [0] * len(rank["eager"]["launches"])
 
 
-def test_ddp_gradients_match_eager_ddp(tmp_path):
-    ranks = run_ranks("ddp", tmp_path)
+@pytest.mark.parametrize("kind", ["ddp", "ddp-bucket-view"])
+def test_ddp_gradients_match_eager_ddp(kind, tmp_path):
+    ranks = run_ranks(kind, tmp_path)
     # both ranks took the slowest rank's periods through the process group's store (among_ranks.py)
     assert [rank["agreed"] for rank in ranks] == [(2e-3, 1.5e-3, 2)] * 2
     for rank in ranks:
