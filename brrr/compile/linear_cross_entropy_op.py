@@ -22,8 +22,10 @@ linear does); one Triton kernel reads each row once (online max and sum-exp, the
 label smoothing); for gradients, one more reads each row again and writes softmax - one-hot, times the loss's
 gradient over the count for a mean, over it in place; then the input-gradient rows (one matmul) and the weight's
 gradient (one matmul; over several chunks accumulated into an fp32 buffer, beta=1, and rounded once at the end).
-The weight is padded to a 16-byte multiple of the vocabulary (`_Head`). Where Triton cannot run (a CPU tensor without
-TRITON_INTERPRET=1, as when explain runs a graph) the per-row math runs as torch ops.
+A vocabulary whose logits rows are not 16-byte aligned has its logits made transposed, [vocab, rows] (`_Head`):
+the row kernels then read [vocabulary x rows] tiles, the statistics split over segments of the vocabulary. Where
+Triton cannot run (a CPU tensor without TRITON_INTERPRET=1, as when explain runs a graph) the per-row math runs as
+torch ops.
 """
 
 import os
@@ -109,21 +111,148 @@ def _kernels():
                 g = g - smoothing / vocab
             tl.store(base + start + cols, (g * scale).to(logits_ptr.dtype.element_ty), mask=mask)
 
-    return brrr_cross_entropy_rows, brrr_cross_entropy_rows_backward
+    @triton.jit
+    def brrr_cross_entropy_cols_partial(logits_ptr, vocab_stride, cols, vocab, seg_len, max_ptr, sum_ptr,
+                                        total_ptr, SMOOTH: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr):
+        # logits transposed, [vocab, cols] with the columns contiguous: a program takes BT columns over one
+        # segment of the vocabulary and leaves their partial max, sum-exp (and sum) for the combine kernel
+        t = tl.program_id(0) * BT + tl.arange(0, BT)
+        seg = tl.program_id(1)
+        tmask = t < cols
+        rows = tl.arange(0, BV)
+        run_max = tl.full([BV, BT], float("-inf"), tl.float32)
+        run_sum = tl.zeros([BV, BT], tl.float32)
+        total = tl.zeros([BV, BT], tl.float32)
+        for start in range(0, seg_len, BV):
+            v = seg * seg_len + start + rows
+            mask = (v < vocab)[:, None] & tmask[None, :]
+            x = tl.load(logits_ptr + v.to(tl.int64)[:, None] * vocab_stride + t[None, :], mask=mask,
+                        other=float("-inf")).to(tl.float32)
+            new_max = tl.maximum(run_max, x)
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+            run_sum = run_sum * tl.exp(run_max - shift) + tl.exp(x - shift)
+            run_max = new_max
+            if SMOOTH:
+                total += tl.where(mask, x, 0.0)
+        col_max = tl.max(run_max, 0)
+        shift = tl.where(col_max == float("-inf"), 0.0, col_max)
+        col_sum = tl.sum(run_sum * tl.exp(run_max - shift[None, :]), 0)
+        out = seg * cols + t
+        tl.store(max_ptr + out, col_max, mask=tmask)
+        tl.store(sum_ptr + out, col_sum, mask=tmask)
+        if SMOOTH:
+            tl.store(total_ptr + out, tl.sum(total, 0), mask=tmask)
+
+    @triton.jit
+    def brrr_cross_entropy_cols(logits_ptr, vocab_stride, cols, vocab, segments, max_ptr, sum_ptr, total_ptr,
+                                target_ptr, loss_ptr, lse_ptr, ignore_index, smoothing, SMOOTH: tl.constexpr,
+                                BT: tl.constexpr):
+        t = tl.program_id(0) * BT + tl.arange(0, BT)
+        tmask = t < cols
+        col_max = tl.full([BT], float("-inf"), tl.float32)
+        for seg in range(0, segments):
+            col_max = tl.maximum(col_max, tl.load(max_ptr + seg * cols + t, mask=tmask, other=float("-inf")))
+        shift = tl.where(col_max == float("-inf"), 0.0, col_max)
+        col_sum = tl.zeros([BT], tl.float32)
+        total = tl.zeros([BT], tl.float32)
+        for seg in range(0, segments):
+            part_max = tl.load(max_ptr + seg * cols + t, mask=tmask, other=float("-inf"))
+            col_sum += tl.load(sum_ptr + seg * cols + t, mask=tmask, other=0.0) * tl.exp(part_max - shift)
+            if SMOOTH:
+                total += tl.load(total_ptr + seg * cols + t, mask=tmask, other=0.0)
+        lse = col_max + tl.log(col_sum)
+        target = tl.load(target_ptr + t, mask=tmask, other=ignore_index)
+        ignored = target == ignore_index
+        known = (target >= 0) & (target < vocab)
+        picked = tl.load(logits_ptr + tl.where(known, target, 0).to(tl.int64) * vocab_stride + t, mask=tmask,
+                         other=0.0).to(tl.float32)
+        loss = tl.where(known, lse - picked, float("nan"))
+        if SMOOTH:
+            loss = (1.0 - smoothing) * loss + smoothing * (lse - total / vocab)
+        tl.store(loss_ptr + t, tl.where(ignored, 0.0, loss), mask=tmask)
+        tl.store(lse_ptr + t, lse, mask=tmask)
+
+    @triton.jit
+    def brrr_cross_entropy_cols_backward(logits_ptr, vocab_stride, cols, vocab, target_ptr, lse_ptr, scale_ptr,
+                                         ignore_index, smoothing, SMOOTH: tl.constexpr, BV: tl.constexpr,
+                                         BT: tl.constexpr):
+        v = tl.program_id(0) * BV + tl.arange(0, BV)
+        t = tl.program_id(1) * BT + tl.arange(0, BT)
+        tmask = t < cols
+        mask = (v < vocab)[:, None] & tmask[None, :]
+        target = tl.load(target_ptr + t, mask=tmask, other=ignore_index)
+        ignored = target == ignore_index
+        known = (target >= 0) & (target < vocab)
+        scale = tl.where(ignored, 0.0, tl.where(known, tl.load(scale_ptr), float("nan")))
+        lse = tl.load(lse_ptr + t, mask=tmask, other=0.0)
+        ptrs = logits_ptr + v.to(tl.int64)[:, None] * vocab_stride + t[None, :]
+        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        g = tl.exp(x - lse[None, :]) - tl.where(v[:, None] == target[None, :], 1.0 - smoothing, 0.0)
+        if SMOOTH:
+            g = g - smoothing / vocab
+        tl.store(ptrs, (g * scale[None, :]).to(logits_ptr.dtype.element_ty), mask=mask)
+
+    return (brrr_cross_entropy_rows, brrr_cross_entropy_rows_backward, brrr_cross_entropy_cols_partial,
+            brrr_cross_entropy_cols, brrr_cross_entropy_cols_backward)
 
 
 _KERNELS = []
+COL_BLOCK = (32, 64)      # the column kernels' tile: vocabulary entries x columns (contiguous)
+COL_PROGRAMS = 1024       # programs the column statistics aim for, splitting the vocabulary into segments
+
+
+def _kernel(which):
+    if not _KERNELS:
+        _KERNELS.extend(_kernels())
+    return _KERNELS[which]
 
 
 def _launch(which, logits, *args, smoothing):
-    if not _KERNELS:
-        _KERNELS.extend(_kernels())
     rows, vocab = logits.shape
     if rows == 0:
         return
     block = min(ROW_BLOCK, 1 << max(4, (vocab - 1).bit_length()))
-    _KERNELS[which][(rows,)](logits, logits.stride(0), *args, SMOOTH=smoothing != 0, BLOCK=block,
-                             num_warps=8 if block >= 1024 else 4)
+    _kernel(which)[(rows,)](logits, logits.stride(0), *args, SMOOTH=smoothing != 0, BLOCK=block,
+                            num_warps=8 if block >= 1024 else 4)
+
+
+def _transposed(logits):
+    """Whether [rows, vocab] logits are a view of transposed memory (each row's entries a row stride apart)."""
+    return logits.stride(1) != 1 and logits.stride(0) == 1
+
+
+def _cols_forward(logits, target, loss, lse, ignore_index, smoothing):
+    """_rows_forward's math over transposed logits: partial statistics per segment of the vocabulary, then one
+    kernel combining them per column (a row of the logits)."""
+    rows, vocab = logits.shape
+    if rows == 0:
+        return
+    bv, bt = COL_BLOCK
+    col_blocks = triton_cdiv(rows, bt)
+    segments = max(1, min(triton_cdiv(COL_PROGRAMS, col_blocks), triton_cdiv(vocab, 4 * bv)))
+    seg_len = triton_cdiv(triton_cdiv(vocab, segments), bv) * bv
+    segments = triton_cdiv(vocab, seg_len)
+    parts = torch.empty(3 if smoothing else 2, segments, rows, dtype=torch.float32, device=logits.device)
+    total = parts[2] if smoothing else parts[1]
+    flag = smoothing != 0
+    _kernel(2)[(col_blocks, segments)](logits, logits.stride(1), rows, vocab, seg_len, parts[0], parts[1], total,
+                                       SMOOTH=flag, BV=bv, BT=bt, num_warps=4)
+    _kernel(3)[(col_blocks,)](logits, logits.stride(1), rows, vocab, segments, parts[0], parts[1], total, target,
+                              loss, lse, ignore_index, float(smoothing), SMOOTH=flag, BT=bt, num_warps=4)
+
+
+def _cols_backward(logits, target, lse, scale, ignore_index, smoothing):
+    rows, vocab = logits.shape
+    if rows == 0:
+        return
+    bv, bt = COL_BLOCK
+    _kernel(4)[(triton_cdiv(vocab, 2 * bv), triton_cdiv(rows, bt))](
+        logits, logits.stride(1), rows, vocab, target, lse, scale, ignore_index, float(smoothing),
+        SMOOTH=smoothing != 0, BV=2 * bv, BT=bt, num_warps=4)
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)
 
 
 def _torch_rows(logits, target, ignore_index):
@@ -136,6 +265,9 @@ def _torch_rows(logits, target, ignore_index):
 
 def _rows_forward(logits, target, loss, lse, ignore_index, smoothing):
     """Per row: the loss (0 where ignored) into `loss`, the log-sum-exp into `lse`."""
+    if _triton_runs(logits) and _transposed(logits):
+        _cols_forward(logits, target, loss, lse, ignore_index, smoothing)
+        return
     if _triton_runs(logits):
         _launch(0, logits, target, loss, lse, logits.shape[1], ignore_index, float(smoothing), smoothing=smoothing)
         return
@@ -151,6 +283,9 @@ def _rows_forward(logits, target, loss, lse, ignore_index, smoothing):
 
 def _rows_backward(logits, target, lse, scale, ignore_index, smoothing):
     """Per row, over the logits in place: (softmax - smoothed one-hot) x scale, 0 where ignored."""
+    if _triton_runs(logits) and _transposed(logits):
+        _cols_backward(logits, target, lse, scale, ignore_index, smoothing)
+        return
     if _triton_runs(logits):
         _launch(1, logits, target, lse, scale, logits.shape[1], ignore_index, float(smoothing),
                 smoothing=smoothing)
@@ -181,34 +316,42 @@ def _accumulator(x):
 
 
 class _Head:
-    """The head's weight (and bias) with zero rows up to a 16-byte multiple of the vocabulary, and its chunks.
+    """The head's weight (and bias), and its chunks of logits.
 
-    A vocabulary that is not such a multiple (GPT-2's 50257) would send every matmul here to cuBLAS's slow
-    unaligned kernels: the input gradient's, whose K is the vocabulary, ran 5.2x slower on an H200. So each
-    chunk's logits are made over the padded rows: their extra columns are 0 (zero weight rows, zero bias), the row
-    kernels read the real columns alone, and the gradient matmuls take the padded logits and weight whole; the
-    extra columns meet zero weight rows (the input's gradient) or land in rows that are cut off (the weight's)."""
+    A vocabulary whose row of logits is not a 16-byte multiple (GPT-2's 50257) would send the matmuls here to
+    cuBLAS's slow unaligned kernels if the logits were [rows, vocab] (the input gradient's, whose K is the
+    vocabulary and whose operand's leading dim is then the vocabulary, ran 5.2x slower on an H200). For such a
+    vocabulary each chunk's logits are made transposed, [vocab, rows] = weight @ x.T, over the chunk's rows
+    padded with zero rows to an aligned count: every matmul's leading dims are then the hidden size or that row
+    count, and the weight is read where it is (no padded copy of it, 74 MiB at GPT-2's head). The chunks are
+    handed out as [rows, vocab] views of that memory; the row kernels read them through [vocabulary x rows]
+    tiles and the gradient matmuls take them transposed."""
 
     def __init__(self, x, weight, bias):
         self.vocab = weight.shape[0]
-        pad = (-self.vocab) % max(1, 16 // x.element_size())
-        self.weight = torch.nn.functional.pad(weight, (0, 0, 0, pad)) if pad else weight
-        self.bias = torch.nn.functional.pad(bias, (0, pad)) if pad and bias is not None else bias
+        self.align = max(1, 16 // x.element_size())
+        self.transposed = self.vocab % self.align != 0
+        self.weight, self.bias = weight, bias
         self.step = chunk_rows(x.shape[0], self.vocab, x.shape[1], x.element_size())
         self.several = x.shape[0] > self.step   # chunks, whose weight gradients are summed
 
     def chunks(self, x):
-        """(start, stop, chunk of x, its padded logits [chunk, padded vocab]) for each chunk of rows. A caller
-        drops each chunk's logits before asking for the next: its loop variable would hold two chunks at once."""
+        """(start, stop, chunk of x, its logits [chunk, vocab]) for each chunk of rows. A caller drops each
+        chunk's logits before asking for the next: its loop variable would hold two chunks at once."""
         for start in range(0, x.shape[0], self.step):
             stop = min(x.shape[0], start + self.step)
             xc = x[start:stop]
-            yield start, stop, xc, (xc @ self.weight.t() if self.bias is None else
+            yield start, stop, xc, (self._transposed_logits(xc) if self.transposed else
+                                    xc @ self.weight.t() if self.bias is None else
                                     torch.addmm(self.bias, xc, self.weight.t()))
 
-    def real(self, logits):
-        """The real vocabulary's columns of padded logits."""
-        return logits[:, :self.vocab]
+    def _transposed_logits(self, xc):
+        rows = xc.shape[0]
+        pad = (-rows) % self.align
+        xp = torch.nn.functional.pad(xc, (0, 0, 0, pad)) if pad else xc
+        logits_t = self.weight @ xp.t() if self.bias is None else torch.addmm(self.bias.unsqueeze(1), self.weight,
+                                                                               xp.t())
+        return logits_t[:, :rows].t()
 
 
 def _loss(row_loss, target, ignore_index, reduction, dtype):
@@ -228,7 +371,7 @@ _ADDMM_OUT_DTYPE = "dtype" in torch.ops.aten.addmm.overloads()   # cuBLAS's fp32
 
 
 def _gradient_buffers(x, head, grad_x, grad_weight, grad_bias):
-    """The input's gradient; the weight's over the padded rows, in fp32 where half-precision chunks are summed
+    """The input's gradient; the weight's, in fp32 where half-precision chunks are summed
     (each sum rounded to bf16 would add one rounding per chunk to eager's one); the bias's, in fp32."""
     if not grad_weight:
         weight_grad = head.weight.new_empty(0)
@@ -242,10 +385,10 @@ def _gradient_buffers(x, head, grad_x, grad_weight, grad_bias):
 
 
 def _gradients_returned(gradients, head, bias):
-    """The gradient buffers as the ops return them: the weight's real rows and the bias's sum in their dtypes."""
+    """The gradient buffers as the ops return them: the weight's and the bias's sums in their dtypes."""
     gx, gw, gb = gradients
     if gw.numel():
-        gw = gw[:head.vocab].to(head.weight.dtype)   # a view where no cast is needed
+        gw = gw.to(head.weight.dtype)   # itself where no cast is needed
     return gx, gw, gb.to(bias.dtype) if gb.numel() else gb
 
 
@@ -261,8 +404,8 @@ def _accumulate(acc, a, b):
 
 
 def _add_gradients(grad_logits, start, stop, xc, head, gx, gw, gb):
-    """One chunk's share, from its padded logits' gradient: its rows of the input's gradient, and its sums into
-    the weight's and the bias's."""
+    """One chunk's share, from its logits' gradient: its rows of the input's gradient, and its sums into the
+    weight's and the bias's."""
     if gx.numel():
         torch.mm(grad_logits, head.weight, out=gx[start:stop])
     if gw.numel():
@@ -271,7 +414,7 @@ def _add_gradients(grad_logits, start, stop, xc, head, gx, gw, gb):
         else:   # the only chunk: one product, rounded once
             torch.mm(grad_logits.t(), xc, out=gw)
     if gb.numel():
-        gb += head.real(grad_logits).sum(0, dtype=gb.dtype)
+        gb += grad_logits.sum(0, dtype=gb.dtype)
 
 
 @torch.library.custom_op("brrr::fused_linear_cross_entropy", mutates_args=())
@@ -284,7 +427,7 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Opti
     lse = torch.empty(x.shape[0], dtype=acc, device=x.device)
     head = _Head(x, weight, bias)
     for start, stop, _, logits in head.chunks(x):
-        _rows_forward(head.real(logits), target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
+        _rows_forward(logits, target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
                       label_smoothing)
         del logits
     return _loss(row_loss, target, ignore_index, reduction, dtype), lse
@@ -307,7 +450,7 @@ def fused_linear_cross_entropy_backward(grad_loss: torch.Tensor, x: torch.Tensor
     gx, gw, gb = _gradient_buffers(x, head, grad_x, grad_weight, grad_bias)
     if grad_x or grad_weight or grad_bias:
         for start, stop, xc, logits in head.chunks(x):
-            _rows_backward(head.real(logits), target[start:stop], lse[start:stop], scale, ignore_index,
+            _rows_backward(logits, target[start:stop], lse[start:stop], scale, ignore_index,
                            label_smoothing)
             _add_gradients(logits, start, stop, xc, head, gx, gw, gb)
             del logits
@@ -353,12 +496,11 @@ def fused_linear_cross_entropy_with_grads(x: torch.Tensor, weight: torch.Tensor,
     head = _Head(x, weight, bias)
     gx, gw, gb = _gradient_buffers(x, head, grad_x, grad_weight, grad_bias)
     for start, stop, xc, logits in head.chunks(x):
-        real = head.real(logits)
-        _rows_forward(real, target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
+        _rows_forward(logits, target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
                       label_smoothing)
-        _rows_backward(real, target[start:stop], lse[start:stop], scale, ignore_index, label_smoothing)
+        _rows_backward(logits, target[start:stop], lse[start:stop], scale, ignore_index, label_smoothing)
         _add_gradients(logits, start, stop, xc, head, gx, gw, gb)
-        del logits, real
+        del logits
     return (_loss(row_loss, target, ignore_index, reduction, dtype),) + \
         _gradients_returned((gx, gw, gb), head, bias)
 

@@ -12,15 +12,15 @@ import brrr
 from brrr.compile import linear_cross_entropy_op as op
 from brrr.compile import linear_cross_entropy_pass as fuse
 
-ROWS, HIDDEN, VOCAB = 37, 8, 101   # 101: a vocabulary whose rows are not 16-byte aligned (padded inside the op)
+ROWS, HIDDEN, VOCAB = 37, 8, 101   # 101: a vocabulary whose rows are not 16-byte aligned (logits transposed)
 
 
-def _inputs(dtype, bias=True, seed=0):
+def _inputs(dtype, bias=True, seed=0, vocab=VOCAB, rows=ROWS):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(ROWS, HIDDEN, generator=g, dtype=torch.float64).to(dtype)
-    w = (torch.randn(VOCAB, HIDDEN, generator=g, dtype=torch.float64) / 2).to(dtype)
-    b = torch.randn(VOCAB, generator=g, dtype=torch.float64).to(dtype) if bias else None
-    t = torch.randint(0, VOCAB, (ROWS,), generator=g)
+    x = torch.randn(rows, HIDDEN, generator=g, dtype=torch.float64).to(dtype)
+    w = (torch.randn(vocab, HIDDEN, generator=g, dtype=torch.float64) / 2).to(dtype)
+    b = torch.randn(vocab, generator=g, dtype=torch.float64).to(dtype) if bias else None
+    t = torch.randint(0, vocab, (rows,), generator=g)
     t[[3, 10, 11]] = -100
     return x, w, b, t
 
@@ -332,6 +332,35 @@ def test_a_target_outside_the_vocabulary_gives_nan_never_a_number(row_math):
     loss, gx, gw, gb = _fused(x, w, b, t)
     assert torch.isnan(loss) and torch.isnan(gx[5]).all() and torch.isnan(gw).any() and torch.isnan(gb).any()
     assert not torch.isnan(gx[6]).any()   # other rows keep their gradients
+
+
+@pytest.mark.parametrize("vocab,transposed", [(1007, True), (1008, False)])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("way", [_fused, _fused_with_grads])
+def test_aligned_and_unaligned_vocabularies_in_bf16_are_no_less_accurate_than_eager(monkeypatch, vocab, transposed,
+                                                                                    smoothing, way):
+    """1007 entries a row (2014 bytes): logits made transposed, the statistics split over 8 segments of the
+    vocabulary (the column kernels' combine), chunks of 16 rows, the last of 11 padded to 16; 1008: rows."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(op, "CHUNK_BYTES", 16 * vocab * 2)
+    monkeypatch.setattr(op, "ROWS_PER_HIDDEN", 0)
+    x, w, b, t = _inputs(torch.bfloat16, vocab=vocab, rows=43)
+    head = op._Head(x, w, b)
+    assert head.transposed == transposed and head.step == 16 and head.weight is w
+    padded = []
+    real_pad = F.pad
+    monkeypatch.setattr(F, "pad", lambda a, *args, **kw: padded.append(tuple(a.shape)) or real_pad(a, *args, **kw))
+    ref = _reference(x, w, b, t, label_smoothing=smoothing)
+    eager = _reference(x, w, b, t, dtype=torch.bfloat16, label_smoothing=smoothing)
+    padded.clear()
+    ours = way(x, w, b, t, label_smoothing=smoothing)
+    # the weight is read where it is; only the last chunk of x (11 rows) gets zero rows, and only when transposed
+    assert set(padded) <= ({(11, HIDDEN)} if transposed else set()) and (not transposed or padded)
+    for got, mine, want in zip(ours, eager, ref):
+        assert got.dtype == torch.bfloat16 and got.shape == want.shape
+        ours_err = (got.double() - want).abs().max().item()
+        assert ours_err <= 2 * (mine.double() - want).abs().max().item() + 1e-3 * want.abs().max().item()
+    assert not ours[1][[3, 10, 11]].any()
 
 
 def test_a_150k_vocabulary_in_bf16_is_no_less_accurate_than_eager(monkeypatch):

@@ -1,0 +1,411 @@
+"""Linear + cross-entropy in chunks of rows, never holding the logits (capture -> linear_cross_entropy_pass puts
+these ops in the graph -> AOTAutograd -> lower, where they are Externs -> runtime calls them).
+
+    loss, grad_x, grad_weight, grad_bias = torch.ops.brrr_padded.fused_linear_cross_entropy_with_grads(
+        x, weight, bias, target, ignore_index, reduction, label_smoothing, grad_x, grad_weight, grad_bias, dtype)
+    loss, lse = torch.ops.brrr_padded.fused_linear_cross_entropy(
+        x, weight, bias, target, ignore_index, reduction, label_smoothing, dtype)
+
+Both are `cross_entropy(x @ weight.T + bias, target, ...)` for 2-D `x` [rows, hidden] (a target outside the
+vocabulary, which eager refuses with an error, gives a nan loss and nan gradients here).
+
+Training (the pass's choice where the loss requires grad): `_with_grads` computes the gradients in the forward,
+for a loss gradient of 1, while each chunk's logits are at hand; its autograd formula scales them by the loss's
+gradient (the loss is a scalar, 'mean' or 'sum', so each gradient is linear in it). Three matmuls, as eager's
+step, and the same bytes as brrr's unfused softmax and its backward; only a chunk of logits is ever held.
+Inference: the plain op computes the loss and one log-sum-exp per row; called with grad, its autograd formula
+(`fused_linear_cross_entropy_backward`) recomputes each chunk's logits. The pass uses it where the loss needs
+no gradient (a graph compiled under no_grad).
+
+Per chunk of rows (`chunk_rows`): one matmul makes the chunk's logits (cuBLAS, in x's dtype, as the unfused
+linear does); one Triton kernel reads each row once (online max and sum-exp, the target logit, the row sum for
+label smoothing); for gradients, one more reads each row again and writes softmax - one-hot, times the loss's
+gradient over the count for a mean, over it in place; then the input-gradient rows (one matmul) and the weight's
+gradient (one matmul; over several chunks accumulated into an fp32 buffer, beta=1, and rounded once at the end).
+The weight is padded to a 16-byte multiple of the vocabulary (`_Head`). Where Triton cannot run (a CPU tensor without
+TRITON_INTERPRET=1, as when explain runs a graph) the per-row math runs as torch ops.
+"""
+
+import os
+from typing import Optional, Tuple
+
+import torch
+import torch.utils.flop_counter
+
+CHUNK_BYTES = 256 << 20   # logits of one chunk, in x's dtype
+ROWS_PER_HIDDEN = 2       # a chunk has at least this many rows per hidden unit (see chunk_rows)
+ROW_BLOCK = 2048          # vocabulary entries one kernel step reads
+
+
+def chunk_rows(rows, vocab, hidden, itemsize):
+    """Rows per chunk, a power of two: as many as CHUNK_BYTES of logits hold, but at least ROWS_PER_HIDDEN x hidden.
+
+    Each chunk adds its weight gradient into the whole [vocab, hidden] accumulator: 4 x vocab x hidden bytes read
+    and written, against 4 x chunk x vocab bytes the gradient's row kernel moves. At 2 rows per hidden unit the
+    accumulation costs half the kernel's traffic (Qwen2-0.5B's head: 2048-row chunks, 0.6 GB of logits each,
+    where the memory budget alone would cut 512-row chunks and pay twice the kernel's traffic accumulating)."""
+    by_memory = max(16, CHUNK_BYTES // max(1, vocab * itemsize))
+    by_weight = ROWS_PER_HIDDEN * hidden
+    fit = max(1 << (by_memory.bit_length() - 1), 1 << max(0, by_weight - 1).bit_length())
+    return max(1, min(rows, fit))
+
+
+def _triton_runs(t):
+    return t.dtype != torch.float64 and (
+        t.is_cuda or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"))
+
+
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def brrr_cross_entropy_rows(logits_ptr, row_stride, target_ptr, loss_ptr, lse_ptr, vocab, ignore_index,
+                                smoothing, SMOOTH: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        base = logits_ptr + row * row_stride
+        cols = tl.arange(0, BLOCK)
+        run_max = tl.full([BLOCK], float("-inf"), tl.float32)
+        run_sum = tl.zeros([BLOCK], tl.float32)
+        total = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, vocab, BLOCK):
+            mask = start + cols < vocab
+            v = tl.load(base + start + cols, mask=mask, other=float("-inf")).to(tl.float32)
+            new_max = tl.maximum(run_max, v)
+            # a lane that has seen nothing finite shifts by 0, not by -inf: its sum stays 0, not nan
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+            run_sum = run_sum * tl.exp(run_max - shift) + tl.exp(v - shift)
+            run_max = new_max
+            if SMOOTH:
+                total += tl.where(mask, v, 0.0)
+        row_max = tl.max(run_max, 0)
+        lse = row_max + tl.log(tl.sum(run_sum * tl.exp(run_max - row_max), 0))
+        target = tl.load(target_ptr + row)
+        ignored = target == ignore_index
+        known = (target >= 0) & (target < vocab)   # eager raises on another class; here it reads as nan
+        picked = tl.load(base + tl.where(known, target, 0)).to(tl.float32)
+        loss = tl.where(known, lse - picked, float("nan"))
+        if SMOOTH:
+            loss = (1.0 - smoothing) * loss + smoothing * (lse - tl.sum(total, 0) / vocab)
+        tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
+        tl.store(lse_ptr + row, lse)
+
+    @triton.jit
+    def brrr_cross_entropy_rows_backward(logits_ptr, row_stride, target_ptr, lse_ptr, scale_ptr, vocab,
+                                         ignore_index, smoothing, SMOOTH: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        base = logits_ptr + row * row_stride
+        cols = tl.arange(0, BLOCK)
+        target = tl.load(target_ptr + row)
+        ignored = target == ignore_index
+        known = (target >= 0) & (target < vocab)
+        scale = tl.where(ignored, 0.0, tl.where(known, tl.load(scale_ptr), float("nan")))
+        lse = tl.load(lse_ptr + row)
+        for start in range(0, vocab, BLOCK):
+            mask = start + cols < vocab
+            v = tl.load(base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            g = tl.exp(v - lse) - tl.where(start + cols == target, 1.0 - smoothing, 0.0)
+            if SMOOTH:
+                g = g - smoothing / vocab
+            tl.store(base + start + cols, (g * scale).to(logits_ptr.dtype.element_ty), mask=mask)
+
+    return brrr_cross_entropy_rows, brrr_cross_entropy_rows_backward
+
+
+_KERNELS = []
+
+
+def _launch(which, logits, *args, smoothing):
+    if not _KERNELS:
+        _KERNELS.extend(_kernels())
+    rows, vocab = logits.shape
+    if rows == 0:
+        return
+    block = min(ROW_BLOCK, 1 << max(4, (vocab - 1).bit_length()))
+    _KERNELS[which][(rows,)](logits, logits.stride(0), *args, SMOOTH=smoothing != 0, BLOCK=block,
+                             num_warps=8 if block >= 1024 else 4)
+
+
+def _torch_rows(logits, target, ignore_index):
+    """For the torch-op path: the logits in a float type, and per row whether it is ignored, whether its target
+    is a class, and the column to read (0 where it is not)."""
+    values = logits if logits.dtype == torch.float64 else logits.float()
+    known = (target >= 0) & (target < values.shape[1])
+    return values, target == ignore_index, known, torch.where(known, target, 0).unsqueeze(1)
+
+
+def _rows_forward(logits, target, loss, lse, ignore_index, smoothing):
+    """Per row: the loss (0 where ignored) into `loss`, the log-sum-exp into `lse`."""
+    if _triton_runs(logits):
+        _launch(0, logits, target, loss, lse, logits.shape[1], ignore_index, float(smoothing), smoothing=smoothing)
+        return
+    values, ignored, known, picked_at = _torch_rows(logits, target, ignore_index)
+    row_lse = torch.logsumexp(values, 1)
+    picked = values.gather(1, picked_at).squeeze(1)
+    row_loss = torch.where(known, row_lse - picked, float("nan"))
+    if smoothing:
+        row_loss = (1 - smoothing) * row_loss + smoothing * (row_lse - values.mean(1))
+    loss.copy_(torch.where(ignored, 0.0, row_loss))
+    lse.copy_(row_lse)
+
+
+def _rows_backward(logits, target, lse, scale, ignore_index, smoothing):
+    """Per row, over the logits in place: (softmax - smoothed one-hot) x scale, 0 where ignored."""
+    if _triton_runs(logits):
+        _launch(1, logits, target, lse, scale, logits.shape[1], ignore_index, float(smoothing),
+                smoothing=smoothing)
+        return
+    values, ignored, known, picked_at = _torch_rows(logits, target, ignore_index)
+    grad = torch.exp(values - lse.to(values.dtype).unsqueeze(1))
+    grad.scatter_add_(1, picked_at, torch.full_like(picked_at, -(1.0 - smoothing), dtype=grad.dtype))
+    if smoothing:
+        grad -= smoothing / values.shape[1]
+    row_scale = torch.where(ignored, 0.0, torch.where(known, scale.to(values.dtype), float("nan")))
+    logits.copy_(grad * row_scale.unsqueeze(1))
+
+
+def _check(x, weight, bias, target, reduction):
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"fused_linear_cross_entropy: x {list(x.shape)} and weight {list(weight.shape)} "
+                         "must be [rows, hidden] and [vocab, hidden]")
+    if target.shape != (x.shape[0],):
+        raise ValueError(f"fused_linear_cross_entropy: target {list(target.shape)} for {x.shape[0]} rows")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"fused_linear_cross_entropy: bias {list(bias.shape)} for vocab {weight.shape[0]}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"fused_linear_cross_entropy: reduction {reduction!r} (only 'mean' and 'sum')")
+
+
+def _accumulator(x):
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+class _Head:
+    """The head's weight (and bias) with zero rows up to a 16-byte multiple of the vocabulary, and its chunks.
+
+    A vocabulary that is not such a multiple (GPT-2's 50257) would send every matmul here to cuBLAS's slow
+    unaligned kernels: the input gradient's, whose K is the vocabulary, ran 5.2x slower on an H200. So each
+    chunk's logits are made over the padded rows: their extra columns are 0 (zero weight rows, zero bias), the row
+    kernels read the real columns alone, and the gradient matmuls take the padded logits and weight whole; the
+    extra columns meet zero weight rows (the input's gradient) or land in rows that are cut off (the weight's)."""
+
+    def __init__(self, x, weight, bias):
+        self.vocab = weight.shape[0]
+        pad = (-self.vocab) % max(1, 16 // x.element_size())
+        self.weight = torch.nn.functional.pad(weight, (0, 0, 0, pad)) if pad else weight
+        self.bias = torch.nn.functional.pad(bias, (0, pad)) if pad and bias is not None else bias
+        self.step = chunk_rows(x.shape[0], self.vocab, x.shape[1], x.element_size())
+        self.several = x.shape[0] > self.step   # chunks, whose weight gradients are summed
+
+    def chunks(self, x):
+        """(start, stop, chunk of x, its padded logits [chunk, padded vocab]) for each chunk of rows. A caller
+        drops each chunk's logits before asking for the next: its loop variable would hold two chunks at once."""
+        for start in range(0, x.shape[0], self.step):
+            stop = min(x.shape[0], start + self.step)
+            xc = x[start:stop]
+            yield start, stop, xc, (xc @ self.weight.t() if self.bias is None else
+                                    torch.addmm(self.bias, xc, self.weight.t()))
+
+    def real(self, logits):
+        """The real vocabulary's columns of padded logits."""
+        return logits[:, :self.vocab]
+
+
+def _loss(row_loss, target, ignore_index, reduction, dtype):
+    loss = row_loss.sum()
+    if reduction == "mean":   # a count of 0 gives nan, as eager's mean over no rows does
+        loss = loss / (target != ignore_index).sum(dtype=row_loss.dtype)
+    return loss.to(dtype)
+
+
+def _scale(grad_loss, target, ignore_index, reduction, acc):
+    """The loss's gradient per row's logits: grad_loss, over the count of rows for a mean (a tensor: no sync)."""
+    scale = grad_loss.to(acc).reshape(1)
+    return scale / (target != ignore_index).sum(dtype=acc) if reduction == "mean" else scale
+
+
+_ADDMM_OUT_DTYPE = "dtype" in torch.ops.aten.addmm.overloads()   # cuBLAS's fp32 output from half inputs
+
+
+def _gradient_buffers(x, head, grad_x, grad_weight, grad_bias):
+    """The input's gradient; the weight's over the padded rows, in fp32 where half-precision chunks are summed
+    (each sum rounded to bf16 would add one rounding per chunk to eager's one); the bias's, in fp32."""
+    if not grad_weight:
+        weight_grad = head.weight.new_empty(0)
+    elif head.several:
+        weight_grad = torch.zeros(head.weight.shape, dtype=_accumulator(x), device=x.device)
+    else:
+        weight_grad = torch.empty_like(head.weight, memory_format=torch.contiguous_format)
+    return (torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else x.new_empty(0),
+            weight_grad,
+            torch.zeros(head.vocab, dtype=_accumulator(x), device=x.device) if grad_bias else x.new_empty(0))
+
+
+def _gradients_returned(gradients, head, bias):
+    """The gradient buffers as the ops return them: the weight's real rows and the bias's sum in their dtypes."""
+    gx, gw, gb = gradients
+    if gw.numel():
+        gw = gw[:head.vocab].to(head.weight.dtype)   # a view where no cast is needed
+    return gx, gw, gb.to(bias.dtype) if gb.numel() else gb
+
+
+def _accumulate(acc, a, b):
+    """acc += a @ b with `acc` in fp32 and a, b in a half type: cuBLAS's fp32-output matmul where torch has one
+    for the device, else a matmul of fp32 copies (the CPU, where tests run)."""
+    if acc.dtype == a.dtype:
+        acc.addmm_(a, b)
+    elif acc.is_cuda and _ADDMM_OUT_DTYPE:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+
+
+def _add_gradients(grad_logits, start, stop, xc, head, gx, gw, gb):
+    """One chunk's share, from its padded logits' gradient: its rows of the input's gradient, and its sums into
+    the weight's and the bias's."""
+    if gx.numel():
+        torch.mm(grad_logits, head.weight, out=gx[start:stop])
+    if gw.numel():
+        if head.several:
+            _accumulate(gw, grad_logits.t(), xc)
+        else:   # the only chunk: one product, rounded once
+            torch.mm(grad_logits.t(), xc, out=gw)
+    if gb.numel():
+        gb += head.real(grad_logits).sum(0, dtype=gb.dtype)
+
+
+@torch.library.custom_op("brrr_padded::fused_linear_cross_entropy", mutates_args=())
+def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                               target: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float,
+                               dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    _check(x, weight, bias, target, reduction)
+    acc = _accumulator(x)
+    row_loss = torch.empty(x.shape[0], dtype=acc, device=x.device)
+    lse = torch.empty(x.shape[0], dtype=acc, device=x.device)
+    head = _Head(x, weight, bias)
+    for start, stop, _, logits in head.chunks(x):
+        _rows_forward(head.real(logits), target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
+                      label_smoothing)
+        del logits
+    return _loss(row_loss, target, ignore_index, reduction, dtype), lse
+
+
+@fused_linear_cross_entropy.register_fake
+def _(x, weight, bias, target, ignore_index, reduction, label_smoothing, dtype):
+    _check(x, weight, bias, target, reduction)
+    return x.new_empty((), dtype=dtype), x.new_empty(x.shape[0], dtype=_accumulator(x))
+
+
+@torch.library.custom_op("brrr_padded::fused_linear_cross_entropy_backward", mutates_args=())
+def fused_linear_cross_entropy_backward(grad_loss: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                                        bias: Optional[torch.Tensor], target: torch.Tensor, lse: torch.Tensor,
+                                        ignore_index: int, reduction: str, label_smoothing: float, grad_x: bool,
+                                        grad_weight: bool, grad_bias: bool
+                                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    scale = _scale(grad_loss, target, ignore_index, reduction, _accumulator(x))
+    head = _Head(x, weight, bias)
+    gx, gw, gb = _gradient_buffers(x, head, grad_x, grad_weight, grad_bias)
+    if grad_x or grad_weight or grad_bias:
+        for start, stop, xc, logits in head.chunks(x):
+            _rows_backward(head.real(logits), target[start:stop], lse[start:stop], scale, ignore_index,
+                           label_smoothing)
+            _add_gradients(logits, start, stop, xc, head, gx, gw, gb)
+            del logits
+    return _gradients_returned((gx, gw, gb), head, bias)
+
+
+@fused_linear_cross_entropy_backward.register_fake
+def _(grad_loss, x, weight, bias, target, lse, ignore_index, reduction, label_smoothing, grad_x, grad_weight,
+      grad_bias):
+    head = _Head(x, weight, bias)
+    return _gradients_returned(_gradient_buffers(x, head, grad_x, grad_weight, grad_bias), head, bias)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, target, ignore_index, reduction, label_smoothing, _ = inputs
+    ctx.save_for_backward(x, weight, bias, target, output[1])
+    ctx.options = (ignore_index, reduction, label_smoothing)
+
+
+def _backward(ctx, grad_loss, _grad_lse):
+    x, weight, bias, target, lse = ctx.saved_tensors
+    asked = ctx.needs_input_grad
+    gx, gw, gb = torch.ops.brrr_padded.fused_linear_cross_entropy_backward(
+        grad_loss, x, weight, bias, target, lse, *ctx.options, asked[0], asked[1], bias is not None and asked[2])
+    return (gx if asked[0] else None, gw if asked[1] else None, gb if bias is not None and asked[2] else None,
+            None, None, None, None, None)
+
+
+fused_linear_cross_entropy.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("brrr_padded::fused_linear_cross_entropy_with_grads", mutates_args=())
+def fused_linear_cross_entropy_with_grads(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                                          target: torch.Tensor, ignore_index: int, reduction: str,
+                                          label_smoothing: float, grad_x: bool, grad_weight: bool, grad_bias: bool,
+                                          dtype: torch.dtype
+                                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check(x, weight, bias, target, reduction)
+    acc = _accumulator(x)
+    row_loss = torch.empty(x.shape[0], dtype=acc, device=x.device)
+    lse = torch.empty(x.shape[0], dtype=acc, device=x.device)
+    scale = _scale(torch.ones((), dtype=acc, device=x.device), target, ignore_index, reduction, acc)
+    head = _Head(x, weight, bias)
+    gx, gw, gb = _gradient_buffers(x, head, grad_x, grad_weight, grad_bias)
+    for start, stop, xc, logits in head.chunks(x):
+        real = head.real(logits)
+        _rows_forward(real, target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
+                      label_smoothing)
+        _rows_backward(real, target[start:stop], lse[start:stop], scale, ignore_index, label_smoothing)
+        _add_gradients(logits, start, stop, xc, head, gx, gw, gb)
+        del logits, real
+    return (_loss(row_loss, target, ignore_index, reduction, dtype),) + \
+        _gradients_returned((gx, gw, gb), head, bias)
+
+
+@fused_linear_cross_entropy_with_grads.register_fake
+def _(x, weight, bias, target, ignore_index, reduction, label_smoothing, grad_x, grad_weight, grad_bias, dtype):
+    _check(x, weight, bias, target, reduction)
+    head = _Head(x, weight, bias)
+    return (x.new_empty((), dtype=dtype),) + _gradients_returned(
+        _gradient_buffers(x, head, grad_x, grad_weight, grad_bias), head, bias)
+
+
+def _setup_with_grads(ctx, inputs, output):
+    ctx.save_for_backward(*output[1:])
+    ctx.asked = inputs[7:10]
+
+
+def _backward_with_grads(ctx, grad_loss, *_unused):
+    """The gradients were computed for a loss gradient of 1: scaled, they are the gradients."""
+    grads = [(g * grad_loss).to(g.dtype) if asked else None for g, asked in zip(ctx.saved_tensors, ctx.asked)]
+    return (*grads, None, None, None, None, None, None, None, None)
+
+
+fused_linear_cross_entropy_with_grads.register_autograd(_backward_with_grads, setup_context=_setup_with_grads)
+
+
+def _matmul_flops(rows, hidden, vocab):
+    return 2 * rows * hidden * vocab
+
+
+@torch.utils.flop_counter.register_flop_formula(torch.ops.brrr_padded.fused_linear_cross_entropy)
+def _forward_flops(x_shape, weight_shape, *args, out_shape=None, **kwargs) -> int:
+    """The logits' matmul, as torch.utils.flop_counter counts mm."""
+    return _matmul_flops(*x_shape, weight_shape[0])
+
+
+@torch.utils.flop_counter.register_flop_formula(torch.ops.brrr_padded.fused_linear_cross_entropy_backward)
+def _backward_flops(grad_shape, x_shape, weight_shape, bias_shape, target_shape, lse_shape, ignore_index,
+                    reduction, label_smoothing, grad_x, grad_weight, grad_bias, out_shape=None, **kwargs) -> int:
+    """The logits' matmul again, and one per gradient asked for (the bias's is a sum, not counted)."""
+    if not (grad_x or grad_weight or grad_bias):
+        return 0
+    return _matmul_flops(*x_shape, weight_shape[0]) * (1 + bool(grad_x) + bool(grad_weight))
+
+
+@torch.utils.flop_counter.register_flop_formula(torch.ops.brrr_padded.fused_linear_cross_entropy_with_grads)
+def _with_grads_flops(x_shape, weight_shape, bias_shape, target_shape, ignore_index, reduction, label_smoothing,
+                      grad_x, grad_weight, grad_bias, dtype, out_shape=None, **kwargs) -> int:
+    """The logits' matmul, and one per gradient asked for."""
+    return _matmul_flops(*x_shape, weight_shape[0]) * (1 + bool(grad_x) + bool(grad_weight))
