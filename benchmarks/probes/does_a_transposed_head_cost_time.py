@@ -49,8 +49,70 @@ def kernels(fn):
     return sorted(rows.items(), key=lambda kv: -kv[1][1])
 
 
+def sweep(dev):
+    """The row kernels (old: two exps an element; new: one) on an aligned chunk, and the column kernels' tiles on
+    a transposed GPT-2 chunk, each against a copy of the bytes it moves."""
+    from brrr.compile import linear_cross_entropy_op as op
+    import padded_linear_cross_entropy_op as old
+
+    def copy_gbs(n_bytes):
+        src = torch.empty(n_bytes // 2, dtype=torch.bfloat16, device=dev)
+        dst = torch.empty_like(src)
+        return 2 * n_bytes / (do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median") * 1e6)
+
+    rows, vocab = 4096, 32000
+    logits = torch.randn(rows, vocab, device=dev).bfloat16()
+    t = torch.randint(0, vocab, (rows,), device=dev)
+    loss = torch.empty(rows, device=dev)
+    lse = torch.empty(rows, device=dev)
+    scale = torch.ones(1, device=dev)
+    roof = copy_gbs(logits.numel() * 2)
+    print(f"# copy {roof:.0f} GB/s at {logits.numel() * 2 / 2**20:.0f} MiB", flush=True)
+    for name, mod in (("old", old), ("new", op)):
+        ms = do_bench(lambda: mod._rows_forward(logits, t, loss, lse, -100, 0.0), warmup=25, rep=200,
+                      return_mode="median")
+        gbs = logits.numel() * 2 / (ms * 1e6)
+        print(f"rows stats {name}: {ms * 1e3:7.1f} us {gbs:6.0f} GB/s {100 * gbs / roof:5.1f}% of copy", flush=True)
+    ref = lse.clone()
+    old._rows_forward(logits, t, loss, ref, -100, 0.0)
+    op._rows_forward(logits, t, loss, lse, -100, 0.0)
+    print(f"rows stats new vs old lse: {(lse - ref).abs().max().item():.2e}")
+    work = logits.clone()
+    ms = do_bench(lambda: op._rows_backward(work.copy_(logits), t, lse, scale, -100, 0.0), warmup=25, rep=200,
+                  return_mode="median") - do_bench(lambda: work.copy_(logits), warmup=25, rep=200, return_mode="median")
+    gbs = 2 * logits.numel() * 2 / (ms * 1e6)
+    print(f"rows gradient: {ms * 1e3:7.1f} us {gbs:6.0f} GB/s {100 * gbs / roof:5.1f}% of copy", flush=True)
+
+    cols, vocab = 2048, 50257
+    lt = torch.randn(vocab, cols, device=dev).bfloat16()
+    view = lt.t()
+    t = torch.randint(0, vocab, (cols,), device=dev)
+    loss = torch.empty(cols, device=dev)
+    lse = torch.empty(cols, device=dev)
+    roof = copy_gbs(lt.numel() * 2)
+    print(f"# copy {roof:.0f} GB/s at {lt.numel() * 2 / 2**20:.0f} MiB", flush=True)
+    for tile in [(32, 64, 4), (64, 64, 4), (16, 128, 4), (32, 128, 4), (32, 128, 8), (64, 128, 8), (16, 256, 8)]:
+        for programs in (1024, 2048):
+            op.COL_STATS, op.COL_PROGRAMS = tile, programs
+            ms = do_bench(lambda: op._rows_forward(view, t, loss, lse, -100, 0.0), warmup=25, rep=200,
+                          return_mode="median")
+            gbs = lt.numel() * 2 / (ms * 1e6)
+            print(f"cols stats {tile} {programs}: {ms * 1e3:7.1f} us {gbs:6.0f} GB/s {100 * gbs / roof:5.1f}%",
+                  flush=True)
+    work = lt.clone()
+    base = do_bench(lambda: work.copy_(lt), warmup=25, rep=200, return_mode="median")
+    for tile in [(64, 64, 4), (32, 128, 4), (64, 128, 4), (128, 64, 8), (64, 256, 8), (128, 128, 8), (32, 256, 4)]:
+        op.COL_GRADIENT = tile
+        ms = do_bench(lambda: op._rows_backward(work.copy_(lt).t(), t, lse, scale, -100, 0.0), warmup=25,
+                      rep=200, return_mode="median") - base
+        gbs = 2 * lt.numel() * 2 / (ms * 1e6)
+        print(f"cols gradient {tile}: {ms * 1e3:7.1f} us {gbs:6.0f} GB/s {100 * gbs / roof:5.1f}%", flush=True)
+
+
 def main():
     dev = torch.device("cuda")
+    if sys.argv[1:] == ["--sweep"]:
+        return sweep(dev)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     for name, rows, hidden, vocab, bias in HEADS:
         g = torch.Generator(device=dev).manual_seed(0)

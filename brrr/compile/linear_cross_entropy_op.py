@@ -62,10 +62,21 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
+    def online_softmax_step(run_max, run_sum, v):
+        # one exp per element: of the running max and the new value, the smaller is scaled by exp(-difference); a
+        # lane that has seen nothing finite takes a finite v with a sum of 1, and a -inf v adds 0 (never nan)
+        up = v > run_max
+        d = tl.where(up, run_max - v, v - run_max)
+        e = tl.exp(tl.where(v == float("-inf"), float("-inf"), d))
+        return tl.where(up, v, run_max), tl.where(up, run_sum * e + 1.0, run_sum + e)
+
+    globals()["online_softmax_step"] = online_softmax_step   # kernels resolve what they call in module globals
+
+    @triton.jit
     def brrr_cross_entropy_rows(logits_ptr, row_stride, target_ptr, loss_ptr, lse_ptr, vocab, ignore_index,
-                                smoothing, SMOOTH: tl.constexpr, BLOCK: tl.constexpr):
+                                smoothing, SMOOTH: tl.constexpr, BLOCK: tl.constexpr, STRIDE_ALIGN: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        base = logits_ptr + row * row_stride
+        base = logits_ptr + tl.multiple_of(row * row_stride, STRIDE_ALIGN)
         cols = tl.arange(0, BLOCK)
         run_max = tl.full([BLOCK], float("-inf"), tl.float32)
         run_sum = tl.zeros([BLOCK], tl.float32)
@@ -73,11 +84,7 @@ def _kernels():
         for start in range(0, vocab, BLOCK):
             mask = start + cols < vocab
             v = tl.load(base + start + cols, mask=mask, other=float("-inf")).to(tl.float32)
-            new_max = tl.maximum(run_max, v)
-            # a lane that has seen nothing finite shifts by 0, not by -inf: its sum stays 0, not nan
-            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-            run_sum = run_sum * tl.exp(run_max - shift) + tl.exp(v - shift)
-            run_max = new_max
+            run_max, run_sum = online_softmax_step(run_max, run_sum, v)
             if SMOOTH:
                 total += tl.where(mask, v, 0.0)
         row_max = tl.max(run_max, 0)
@@ -94,9 +101,10 @@ def _kernels():
 
     @triton.jit
     def brrr_cross_entropy_rows_backward(logits_ptr, row_stride, target_ptr, lse_ptr, scale_ptr, vocab,
-                                         ignore_index, smoothing, SMOOTH: tl.constexpr, BLOCK: tl.constexpr):
+                                         ignore_index, smoothing, SMOOTH: tl.constexpr, BLOCK: tl.constexpr,
+                                         STRIDE_ALIGN: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        base = logits_ptr + row * row_stride
+        base = logits_ptr + tl.multiple_of(row * row_stride, STRIDE_ALIGN)
         cols = tl.arange(0, BLOCK)
         target = tl.load(target_ptr + row)
         ignored = target == ignore_index
@@ -112,10 +120,11 @@ def _kernels():
             tl.store(base + start + cols, (g * scale).to(logits_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def brrr_cross_entropy_cols_partial(logits_ptr, vocab_stride, cols, vocab, seg_len, max_ptr, sum_ptr,
-                                        total_ptr, SMOOTH: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr):
-        # logits transposed, [vocab, cols] with the columns contiguous: a program takes BT columns over one
-        # segment of the vocabulary and leaves their partial max, sum-exp (and sum) for the combine kernel
+    def brrr_cross_entropy_cols_partial(logits_ptr, vocab_stride, bias_ptr, cols, vocab, seg_len, max_ptr, sum_ptr,
+                                        total_ptr, SMOOTH: tl.constexpr, HAS_BIAS: tl.constexpr, BV: tl.constexpr,
+                                        BT: tl.constexpr):
+        # logits transposed, [vocab, cols] with the columns contiguous (the bias, if any, not yet added): a program
+        # takes BT columns over one segment of the vocabulary and leaves their partial max, sum-exp (and sum)
         t = tl.program_id(0) * BT + tl.arange(0, BT)
         seg = tl.program_id(1)
         tmask = t < cols
@@ -125,13 +134,13 @@ def _kernels():
         total = tl.zeros([BV, BT], tl.float32)
         for start in range(0, seg_len, BV):
             v = seg * seg_len + start + rows
-            mask = (v < vocab)[:, None] & tmask[None, :]
+            vmask = v < vocab
+            mask = vmask[:, None] & tmask[None, :]
             x = tl.load(logits_ptr + v.to(tl.int64)[:, None] * vocab_stride + t[None, :], mask=mask,
                         other=float("-inf")).to(tl.float32)
-            new_max = tl.maximum(run_max, x)
-            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-            run_sum = run_sum * tl.exp(run_max - shift) + tl.exp(x - shift)
-            run_max = new_max
+            if HAS_BIAS:
+                x += tl.load(bias_ptr + v, mask=vmask, other=0.0).to(tl.float32)[:, None]
+            run_max, run_sum = online_softmax_step(run_max, run_sum, x)
             if SMOOTH:
                 total += tl.where(mask, x, 0.0)
         col_max = tl.max(run_max, 0)
@@ -144,9 +153,9 @@ def _kernels():
             tl.store(total_ptr + out, tl.sum(total, 0), mask=tmask)
 
     @triton.jit
-    def brrr_cross_entropy_cols(logits_ptr, vocab_stride, cols, vocab, segments, max_ptr, sum_ptr, total_ptr,
-                                target_ptr, loss_ptr, lse_ptr, ignore_index, smoothing, SMOOTH: tl.constexpr,
-                                BT: tl.constexpr):
+    def brrr_cross_entropy_cols(logits_ptr, vocab_stride, bias_ptr, cols, vocab, segments, max_ptr, sum_ptr,
+                                total_ptr, target_ptr, loss_ptr, lse_ptr, ignore_index, smoothing,
+                                SMOOTH: tl.constexpr, HAS_BIAS: tl.constexpr, BT: tl.constexpr):
         t = tl.program_id(0) * BT + tl.arange(0, BT)
         tmask = t < cols
         col_max = tl.full([BT], float("-inf"), tl.float32)
@@ -164,8 +173,10 @@ def _kernels():
         target = tl.load(target_ptr + t, mask=tmask, other=ignore_index)
         ignored = target == ignore_index
         known = (target >= 0) & (target < vocab)
-        picked = tl.load(logits_ptr + tl.where(known, target, 0).to(tl.int64) * vocab_stride + t, mask=tmask,
-                         other=0.0).to(tl.float32)
+        at = tl.where(known, target, 0)
+        picked = tl.load(logits_ptr + at.to(tl.int64) * vocab_stride + t, mask=tmask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            picked += tl.load(bias_ptr + at, mask=tmask, other=0.0).to(tl.float32)
         loss = tl.where(known, lse - picked, float("nan"))
         if SMOOTH:
             loss = (1.0 - smoothing) * loss + smoothing * (lse - total / vocab)
@@ -173,13 +184,14 @@ def _kernels():
         tl.store(lse_ptr + t, lse, mask=tmask)
 
     @triton.jit
-    def brrr_cross_entropy_cols_backward(logits_ptr, vocab_stride, cols, vocab, target_ptr, lse_ptr, scale_ptr,
-                                         ignore_index, smoothing, SMOOTH: tl.constexpr, BV: tl.constexpr,
-                                         BT: tl.constexpr):
+    def brrr_cross_entropy_cols_backward(logits_ptr, vocab_stride, bias_ptr, cols, vocab, target_ptr, lse_ptr,
+                                         scale_ptr, ignore_index, smoothing, SMOOTH: tl.constexpr,
+                                         HAS_BIAS: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr):
         v = tl.program_id(0) * BV + tl.arange(0, BV)
         t = tl.program_id(1) * BT + tl.arange(0, BT)
         tmask = t < cols
-        mask = (v < vocab)[:, None] & tmask[None, :]
+        vmask = v < vocab
+        mask = vmask[:, None] & tmask[None, :]
         target = tl.load(target_ptr + t, mask=tmask, other=ignore_index)
         ignored = target == ignore_index
         known = (target >= 0) & (target < vocab)
@@ -187,6 +199,8 @@ def _kernels():
         lse = tl.load(lse_ptr + t, mask=tmask, other=0.0)
         ptrs = logits_ptr + v.to(tl.int64)[:, None] * vocab_stride + t[None, :]
         x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            x += tl.load(bias_ptr + v, mask=vmask, other=0.0).to(tl.float32)[:, None]
         g = tl.exp(x - lse[None, :]) - tl.where(v[:, None] == target[None, :], 1.0 - smoothing, 0.0)
         if SMOOTH:
             g = g - smoothing / vocab
@@ -197,8 +211,9 @@ def _kernels():
 
 
 _KERNELS = []
-COL_BLOCK = (32, 64)      # the column kernels' tile: vocabulary entries x columns (contiguous)
-COL_PROGRAMS = 1024       # programs the column statistics aim for, splitting the vocabulary into segments
+COL_STATS = (32, 64, 4)      # the column statistics' tile (vocabulary entries x columns, contiguous) and warps
+COL_GRADIENT = (64, 64, 4)   # the column gradient's
+COL_PROGRAMS = 1024          # programs the column statistics aim for, splitting the vocabulary into segments
 
 
 def _kernel(which):
@@ -207,13 +222,19 @@ def _kernel(which):
     return _KERNELS[which]
 
 
+def _stride_align(stride):
+    """The largest power of two up to 16 dividing `stride`: what Triton may assume of each row's offset (it
+    specializes only strides divisible by 16 itself; an aligned vocabulary of bf16 is a multiple of 8)."""
+    return min(16, stride & -stride) if stride else 16
+
+
 def _launch(which, logits, *args, smoothing):
     rows, vocab = logits.shape
     if rows == 0:
         return
     block = min(ROW_BLOCK, 1 << max(4, (vocab - 1).bit_length()))
     _kernel(which)[(rows,)](logits, logits.stride(0), *args, SMOOTH=smoothing != 0, BLOCK=block,
-                            num_warps=8 if block >= 1024 else 4)
+                            STRIDE_ALIGN=_stride_align(logits.stride(0)), num_warps=8 if block >= 1024 else 4)
 
 
 def _transposed(logits):
@@ -221,34 +242,35 @@ def _transposed(logits):
     return logits.stride(1) != 1 and logits.stride(0) == 1
 
 
-def _cols_forward(logits, target, loss, lse, ignore_index, smoothing):
+def _cols_forward(logits, target, loss, lse, ignore_index, smoothing, bias):
     """_rows_forward's math over transposed logits: partial statistics per segment of the vocabulary, then one
     kernel combining them per column (a row of the logits)."""
     rows, vocab = logits.shape
     if rows == 0:
         return
-    bv, bt = COL_BLOCK
+    bv, bt, warps = COL_STATS
     col_blocks = triton_cdiv(rows, bt)
     segments = max(1, min(triton_cdiv(COL_PROGRAMS, col_blocks), triton_cdiv(vocab, 4 * bv)))
     seg_len = triton_cdiv(triton_cdiv(vocab, segments), bv) * bv
     segments = triton_cdiv(vocab, seg_len)
     parts = torch.empty(3 if smoothing else 2, segments, rows, dtype=torch.float32, device=logits.device)
     total = parts[2] if smoothing else parts[1]
-    flag = smoothing != 0
-    _kernel(2)[(col_blocks, segments)](logits, logits.stride(1), rows, vocab, seg_len, parts[0], parts[1], total,
-                                       SMOOTH=flag, BV=bv, BT=bt, num_warps=4)
-    _kernel(3)[(col_blocks,)](logits, logits.stride(1), rows, vocab, segments, parts[0], parts[1], total, target,
-                              loss, lse, ignore_index, float(smoothing), SMOOTH=flag, BT=bt, num_warps=4)
+    flags = dict(SMOOTH=smoothing != 0, HAS_BIAS=bias is not None)
+    bias = bias if bias is not None else parts[0]
+    _kernel(2)[(col_blocks, segments)](logits, logits.stride(1), bias, rows, vocab, seg_len, parts[0], parts[1],
+                                       total, **flags, BV=bv, BT=bt, num_warps=warps)
+    _kernel(3)[(col_blocks,)](logits, logits.stride(1), bias, rows, vocab, segments, parts[0], parts[1], total,
+                              target, loss, lse, ignore_index, float(smoothing), **flags, BT=bt, num_warps=4)
 
 
-def _cols_backward(logits, target, lse, scale, ignore_index, smoothing):
+def _cols_backward(logits, target, lse, scale, ignore_index, smoothing, bias):
     rows, vocab = logits.shape
     if rows == 0:
         return
-    bv, bt = COL_BLOCK
-    _kernel(4)[(triton_cdiv(vocab, 2 * bv), triton_cdiv(rows, bt))](
-        logits, logits.stride(1), rows, vocab, target, lse, scale, ignore_index, float(smoothing),
-        SMOOTH=smoothing != 0, BV=2 * bv, BT=bt, num_warps=4)
+    bv, bt, warps = COL_GRADIENT
+    _kernel(4)[(triton_cdiv(vocab, bv), triton_cdiv(rows, bt))](
+        logits, logits.stride(1), bias if bias is not None else lse, rows, vocab, target, lse, scale, ignore_index,
+        float(smoothing), SMOOTH=smoothing != 0, HAS_BIAS=bias is not None, BV=bv, BT=bt, num_warps=warps)
 
 
 def triton_cdiv(a, b):
@@ -263,11 +285,13 @@ def _torch_rows(logits, target, ignore_index):
     return values, target == ignore_index, known, torch.where(known, target, 0).unsqueeze(1)
 
 
-def _rows_forward(logits, target, loss, lse, ignore_index, smoothing):
-    """Per row: the loss (0 where ignored) into `loss`, the log-sum-exp into `lse`."""
+def _rows_forward(logits, target, loss, lse, ignore_index, smoothing, bias=None):
+    """Per row: the loss (0 where ignored) into `loss`, the log-sum-exp into `lse`. `bias`: added to each row of
+    transposed logits made without it (_Head.kernel_bias)."""
     if _triton_runs(logits) and _transposed(logits):
-        _cols_forward(logits, target, loss, lse, ignore_index, smoothing)
+        _cols_forward(logits, target, loss, lse, ignore_index, smoothing, bias)
         return
+    assert bias is None, "a bias is folded into the column kernels only"
     if _triton_runs(logits):
         _launch(0, logits, target, loss, lse, logits.shape[1], ignore_index, float(smoothing), smoothing=smoothing)
         return
@@ -281,11 +305,13 @@ def _rows_forward(logits, target, loss, lse, ignore_index, smoothing):
     lse.copy_(row_lse)
 
 
-def _rows_backward(logits, target, lse, scale, ignore_index, smoothing):
-    """Per row, over the logits in place: (softmax - smoothed one-hot) x scale, 0 where ignored."""
+def _rows_backward(logits, target, lse, scale, ignore_index, smoothing, bias=None):
+    """Per row, over the logits in place: (softmax - smoothed one-hot) x scale, 0 where ignored. `bias` as for
+    _rows_forward."""
     if _triton_runs(logits) and _transposed(logits):
-        _cols_backward(logits, target, lse, scale, ignore_index, smoothing)
+        _cols_backward(logits, target, lse, scale, ignore_index, smoothing, bias)
         return
+    assert bias is None, "a bias is folded into the column kernels only"
     if _triton_runs(logits):
         _launch(1, logits, target, lse, scale, logits.shape[1], ignore_index, float(smoothing),
                 smoothing=smoothing)
@@ -325,13 +351,17 @@ class _Head:
     padded with zero rows to an aligned count: every matmul's leading dims are then the hidden size or that row
     count, and the weight is read where it is (no padded copy of it, 74 MiB at GPT-2's head). The chunks are
     handed out as [rows, vocab] views of that memory; the row kernels read them through [vocabulary x rows]
-    tiles and the gradient matmuls take them transposed."""
+    tiles and the gradient matmuls take them transposed. Such logits come without the bias where the column
+    kernels add it (`kernel_bias`)."""
 
     def __init__(self, x, weight, bias):
         self.vocab = weight.shape[0]
         self.align = max(1, 16 // x.element_size())
         self.transposed = self.vocab % self.align != 0
         self.weight, self.bias = weight, bias
+        # transposed logits on Triton are made without the bias, which the column kernels add as they read: a
+        # [vocab, 1] bias in addmm would be expanded into the whole chunk first (203 us at BERT's head)
+        self.kernel_bias = bias if self.transposed and bias is not None and _triton_runs(x) else None
         self.step = chunk_rows(x.shape[0], self.vocab, x.shape[1], x.element_size())
         self.several = x.shape[0] > self.step   # chunks, whose weight gradients are summed
 
@@ -349,8 +379,10 @@ class _Head:
         rows = xc.shape[0]
         pad = (-rows) % self.align
         xp = torch.nn.functional.pad(xc, (0, 0, 0, pad)) if pad else xc
-        logits_t = self.weight @ xp.t() if self.bias is None else torch.addmm(self.bias.unsqueeze(1), self.weight,
-                                                                               xp.t())
+        if self.bias is None or self.kernel_bias is not None:
+            logits_t = self.weight @ xp.t()
+        else:
+            logits_t = torch.addmm(self.bias.unsqueeze(1), self.weight, xp.t())
         return logits_t[:, :rows].t()
 
 
@@ -428,7 +460,7 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Opti
     head = _Head(x, weight, bias)
     for start, stop, _, logits in head.chunks(x):
         _rows_forward(logits, target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
-                      label_smoothing)
+                      label_smoothing, head.kernel_bias)
         del logits
     return _loss(row_loss, target, ignore_index, reduction, dtype), lse
 
@@ -450,8 +482,8 @@ def fused_linear_cross_entropy_backward(grad_loss: torch.Tensor, x: torch.Tensor
     gx, gw, gb = _gradient_buffers(x, head, grad_x, grad_weight, grad_bias)
     if grad_x or grad_weight or grad_bias:
         for start, stop, xc, logits in head.chunks(x):
-            _rows_backward(logits, target[start:stop], lse[start:stop], scale, ignore_index,
-                           label_smoothing)
+            _rows_backward(logits, target[start:stop], lse[start:stop], scale, ignore_index, label_smoothing,
+                           head.kernel_bias)
             _add_gradients(logits, start, stop, xc, head, gx, gw, gb)
             del logits
     return _gradients_returned((gx, gw, gb), head, bias)
@@ -497,8 +529,9 @@ def fused_linear_cross_entropy_with_grads(x: torch.Tensor, weight: torch.Tensor,
     gx, gw, gb = _gradient_buffers(x, head, grad_x, grad_weight, grad_bias)
     for start, stop, xc, logits in head.chunks(x):
         _rows_forward(logits, target[start:stop], row_loss[start:stop], lse[start:stop], ignore_index,
-                      label_smoothing)
-        _rows_backward(logits, target[start:stop], lse[start:stop], scale, ignore_index, label_smoothing)
+                      label_smoothing, head.kernel_bias)
+        _rows_backward(logits, target[start:stop], lse[start:stop], scale, ignore_index, label_smoothing,
+                       head.kernel_bias)
         _add_gradients(logits, start, stop, xc, head, gx, gw, gb)
         del logits
     return (_loss(row_loss, target, ignore_index, reduction, dtype),) + \
