@@ -363,6 +363,34 @@ def test_aligned_and_unaligned_vocabularies_in_bf16_are_no_less_accurate_than_ea
     assert not ours[1][[3, 10, 11]].any()
 
 
+def test_transposed_statistics_combine_more_segments_than_one_step_reads(monkeypatch):
+    """9001 entries: 36 segments of the vocabulary, so the combine kernel reads its partials in two steps."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    x, w, b, t = _inputs(torch.float32, vocab=9001, rows=20)
+    head = op._Head(x, w, b)
+    assert head.transposed
+    segments = []
+    real = op._kernel(3)
+    monkeypatch.setattr(op, "_KERNELS", [k if k is not real else _Recorded(real, segments) for k in op._KERNELS])
+    for got, want in zip(_fused_with_grads(x, w, b, t, label_smoothing=0.1),
+                         _reference(x, w, b, t, label_smoothing=0.1)):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    assert segments and all(n > 32 for n in segments), segments
+
+
+class _Recorded:
+    """A kernel whose launches record their `segments` argument (the combine kernel's sixth)."""
+
+    def __init__(self, kernel, seen):
+        self.kernel, self.seen = kernel, seen
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.seen.append(args[5])
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
 def test_a_150k_vocabulary_in_bf16_is_no_less_accurate_than_eager(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     g = torch.Generator().manual_seed(0)
