@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "benchmarks" / "zoo"), str(ROOT / "benchmarks" / "distributed"), str(ROOT)]
 
 import torch  # noqa: E402
+import torch._dynamo  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import train_ranks  # noqa: E402
@@ -30,7 +31,6 @@ def main():
     dist.init_process_group("nccl")
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
-    import torch._dynamo
     from brrr.bench.backends import resolve_backend, skip_logging_in_graphs, stop_inductor_workers
     config = next(c for c in CONFIGS if c.name == "gpt2-lm-train")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; GPT-2 8x1024 under FSDP2, world 1",
