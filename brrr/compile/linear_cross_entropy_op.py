@@ -52,6 +52,12 @@ def chunk_rows(rows, vocab, hidden, itemsize):
     return max(1, min(rows, fit))
 
 
+def transposed_logits(vocab, itemsize):
+    """Whether chunks of logits over `vocab` classes in a dtype of `itemsize` bytes are made [vocab, rows]: a row
+    of them would not be a 16-byte multiple (see _Head)."""
+    return vocab % max(1, 16 // itemsize) != 0
+
+
 def _triton_runs(t):
     return t.dtype != torch.float64 and (
         t.is_cuda or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"))
@@ -367,7 +373,7 @@ class _Head:
     def __init__(self, x, weight, bias):
         self.vocab = weight.shape[0]
         self.align = max(1, 16 // x.element_size())
-        self.transposed = self.vocab % self.align != 0
+        self.transposed = transposed_logits(self.vocab, x.element_size())
         self.weight, self.bias = weight, bias
         # transposed logits on Triton are made without the bias, which the column kernels add as they read: a
         # [vocab, 1] bias in addmm would be expanded into the whole chunk first (203 us at BERT's head)

@@ -45,10 +45,14 @@ class Rewrite:
     vocab: int
     chunk_rows: int
     logits_bytes: int  # what the unfused chain held at once: logits, plus their upcast copy
+    transposed: bool = False   # each chunk's logits made [vocab, rows]: a row of them is not 16-byte aligned
 
     def __str__(self):
+        layout = (f"; logits made [{self.vocab}, rows], a row of {self.vocab} not being 16-byte aligned"
+                  if self.transposed else "")
         return (f"{self.linear}: linear [{self.rows} x {self.hidden}] -> cross_entropy over {self.vocab} classes "
-                f"in chunks of {self.chunk_rows} rows; {self.logits_bytes / 2**20:.1f} MiB of logits never stored")
+                f"in chunks of {self.chunk_rows} rows; {self.logits_bytes / 2**20:.1f} MiB of logits never stored"
+                + layout)
 
 
 def _val(node):
@@ -214,7 +218,8 @@ def fuse_linear_cross_entropy(gm):
         for node in [ce, *chain, linear]:
             g.erase_node(node)
         chunk = op.chunk_rows(rows, vocab, hidden, xv.element_size())
-        done.append(Rewrite(linear.name, rows, hidden, vocab, chunk, held))
+        done.append(Rewrite(linear.name, rows, hidden, vocab, chunk, held,
+                            op.transposed_logits(vocab, xv.element_size())))
         REWRITES.append(done[-1])
         del REWRITES[:-1000]
     if done:

@@ -124,6 +124,14 @@ def test_every_row_ignored_gives_nan_loss_and_zero_gradients_as_eager(row_math):
     assert not gx.any() and not gw.any() and not gb.any() and not eager[1].any()
 
 
+def test_logits_are_transposed_exactly_where_a_row_is_not_16_byte_aligned():
+    assert op.transposed_logits(50257, 2) and op.transposed_logits(30522, 2) and op.transposed_logits(101, 4)
+    assert not any(op.transposed_logits(v, 2) for v in (32000, 151936, 50272, 50304, 30000))
+    assert not op.transposed_logits(1004, 4) and op.transposed_logits(1004, 2)
+    # the row kernels' offsets: what Triton may assume of a row stride (it proves 16 itself, not 8)
+    assert [op._stride_align(s) for s in (50264, 32000, 1004, 101, 0)] == [8, 16, 4, 1, 16]
+
+
 def test_chunk_rows_fit_the_budget_but_hold_two_rows_per_hidden_unit(monkeypatch):
     monkeypatch.setattr(op, "CHUNK_BYTES", 256 << 20)
     monkeypatch.setattr(op, "ROWS_PER_HIDDEN", 2)
@@ -189,6 +197,7 @@ def test_explain_lists_the_rewrite_and_no_tensor_of_vocabulary_rows_is_planned(a
     (rewrite,) = ex.linear_losses
     # 8 rows fit the budget the fixture sets; a chunk holds at least 16: three chunks, the last of 2 rows
     assert (rewrite.rows, rewrite.hidden, rewrite.vocab, rewrite.chunk_rows) == (34, HIDDEN, VOCAB, 16)
+    assert rewrite.transposed and f"logits made [{VOCAB}, rows]" in str(rewrite)   # 101 x 4 bytes: not aligned
     text = str(ex)
     assert "without logits" in text and "brrr.fused_linear_cross_entropy" in text
     # every tensor the plans hold: none has the vocabulary as its last dim (the weight is [101, 16])
