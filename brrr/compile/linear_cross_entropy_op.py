@@ -34,6 +34,8 @@ from typing import Optional, Tuple
 import torch
 import torch.utils.flop_counter
 
+from brrr.compile.sizes import cdiv
+
 CHUNK_BYTES = 256 << 20   # logits of one chunk, in x's dtype
 ROWS_PER_HIDDEN = 2       # a chunk has at least this many rows per hidden unit (see chunk_rows)
 ROW_BLOCK = 2048          # vocabulary entries one kernel step reads
@@ -264,17 +266,17 @@ def _cols_forward(logits, target, loss, lse, ignore_index, smoothing, bias):
     if rows == 0:
         return
     bv, bt, warps = COL_STATS
-    col_blocks = triton_cdiv(rows, bt)
-    segments = max(1, min(triton_cdiv(COL_PROGRAMS, col_blocks), triton_cdiv(vocab, 4 * bv)))
-    seg_len = triton_cdiv(triton_cdiv(vocab, segments), bv) * bv
-    segments = triton_cdiv(vocab, seg_len)
+    col_blocks = cdiv(rows, bt)
+    segments = max(1, min(cdiv(COL_PROGRAMS, col_blocks), cdiv(vocab, 4 * bv)))
+    seg_len = cdiv(cdiv(vocab, segments), bv) * bv
+    segments = cdiv(vocab, seg_len)
     parts = torch.empty(3 if smoothing else 2, segments, rows, dtype=torch.float32, device=logits.device)
     total = parts[2] if smoothing else parts[1]
     flags = dict(SMOOTH=smoothing != 0, HAS_BIAS=bias is not None)
     bias = bias if bias is not None else parts[0]
     _kernel(2)[(col_blocks, segments)](logits, logits.stride(1), bias, rows, vocab, seg_len, parts[0], parts[1],
                                        total, **flags, BV=bv, BT=bt, num_warps=warps)
-    _kernel(3)[(triton_cdiv(rows, 32),)](logits, logits.stride(1), bias, rows, vocab, segments, parts[0], parts[1],
+    _kernel(3)[(cdiv(rows, 32),)](logits, logits.stride(1), bias, rows, vocab, segments, parts[0], parts[1],
                                          total, target, loss, lse, ignore_index, float(smoothing), **flags, BS=32,
                                          BT=32, num_warps=4)
 
@@ -284,13 +286,9 @@ def _cols_backward(logits, target, lse, scale, ignore_index, smoothing, bias):
     if rows == 0:
         return
     bv, bt, warps = COL_GRADIENT
-    _kernel(4)[(triton_cdiv(vocab, bv), triton_cdiv(rows, bt))](
+    _kernel(4)[(cdiv(vocab, bv), cdiv(rows, bt))](
         logits, logits.stride(1), bias if bias is not None else lse, rows, vocab, target, lse, scale, ignore_index,
         float(smoothing), SMOOTH=smoothing != 0, HAS_BIAS=bias is not None, BV=bv, BT=bt, num_warps=warps)
-
-
-def triton_cdiv(a, b):
-    return -(-a // b)
 
 
 def _torch_rows(logits, target, ignore_index):
