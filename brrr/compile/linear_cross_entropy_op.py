@@ -276,9 +276,9 @@ def _cols_forward(logits, target, loss, lse, ignore_index, smoothing, bias):
     bias = bias if bias is not None else parts[0]
     _kernel(2)[(col_blocks, segments)](logits, logits.stride(1), bias, rows, vocab, seg_len, parts[0], parts[1],
                                        total, **flags, BV=bv, BT=bt, num_warps=warps)
-    _kernel(3)[(cdiv(rows, 32),)](logits, logits.stride(1), bias, rows, vocab, segments, parts[0], parts[1],
-                                         total, target, loss, lse, ignore_index, float(smoothing), **flags, BS=32,
-                                         BT=32, num_warps=4)
+    _kernel(3)[(cdiv(rows, 32),)](logits, logits.stride(1), bias, rows, vocab, segments, parts[0], parts[1], total,
+                                  target, loss, lse, ignore_index, float(smoothing), **flags, BS=32, BT=32,
+                                  num_warps=4)
 
 
 def _cols_backward(logits, target, lse, scale, ignore_index, smoothing, bias):
