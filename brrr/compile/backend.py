@@ -19,7 +19,7 @@ import torch
 
 from brrr.compile.attention_mask import contiguous_attention_masks
 from brrr.compile.linear_cross_entropy_pass import fuse_linear_cross_entropy
-from brrr.compile.partition import RECOMPUTE, partition_fn
+from brrr.compile.partition import partition_fn
 from brrr.compile import fallbacks, graph_breaks, sizes
 from brrr.compile.fallbacks import (MAX_REPLANS, GraphFallback, KernelFailed, debugging, is_out_of_memory, recover,
                                     warn_once)
@@ -338,6 +338,5 @@ def compile(model, **options):
         raise ValueError(f"cuda_graphs={options['cuda_graphs']!r}: choose \"auto\", True or False")
     if options.get("matmul_templates") not in MODES + (None,):
         raise ValueError(f"matmul_templates={options['matmul_templates']!r}: choose one of {MODES}")
-    if options.get("recompute") not in RECOMPUTE + (None,):
-        raise ValueError(f"recompute={options['recompute']!r}: choose one of {RECOMPUTE}")
+    partition_fn(options.get("recompute"))   # raises on an unknown choice now, not at the first call
     return torch.compile(model, backend=make_backend(**options))

@@ -34,6 +34,7 @@ from typing import Optional, Tuple
 import torch
 import torch.utils.flop_counter
 
+from brrr.compile.matmul_padding import ALIGN_BYTES, alignment_bytes
 from brrr.compile.sizes import cdiv
 
 CHUNK_BYTES = 256 << 20   # logits of one chunk, in x's dtype
@@ -57,7 +58,7 @@ def chunk_rows(rows, vocab, hidden, itemsize):
 def transposed_logits(vocab, itemsize):
     """Whether chunks of logits over `vocab` classes in a dtype of `itemsize` bytes are made [vocab, rows]: a row
     of them would not be a 16-byte multiple (see _Head)."""
-    return vocab % max(1, 16 // itemsize) != 0
+    return alignment_bytes(vocab, itemsize) < ALIGN_BYTES
 
 
 def _triton_runs(t):
@@ -239,9 +240,9 @@ def _kernel(which):
 
 
 def _stride_align(stride):
-    """The largest power of two up to 16 dividing `stride`: what Triton may assume of each row's offset (it
-    specializes only strides divisible by 16 itself; an aligned vocabulary of bf16 is a multiple of 8)."""
-    return min(16, stride & -stride) if stride else 16
+    """The largest power of two up to 16 dividing `stride` (in elements): what Triton may assume of each row's
+    offset (it specializes only strides divisible by 16 itself; an aligned vocabulary of bf16 is a multiple of 8)."""
+    return alignment_bytes(stride, 1)
 
 
 def _launch(which, logits, *args, smoothing):
@@ -370,7 +371,7 @@ class _Head:
 
     def __init__(self, x, weight, bias):
         self.vocab = weight.shape[0]
-        self.align = max(1, 16 // x.element_size())
+        self.align = max(1, ALIGN_BYTES // x.element_size())   # rows a transposed chunk is padded to
         self.transposed = transposed_logits(self.vocab, x.element_size())
         self.weight, self.bias = weight, bias
         # transposed logits on Triton are made without the bias, which the column kernels add as they read: a

@@ -74,7 +74,7 @@ def _round_up(n, m):
     return (n + m - 1) // m * m
 
 
-def _alignment(elements, item):
+def alignment_bytes(elements, item):
     """The largest power of two (at most ALIGN_BYTES) dividing a leading dimension of `elements`, in bytes (of a
     symbolic one, the largest the ShapeEnv proves)."""
     if type(elements) is not int:
@@ -87,7 +87,7 @@ def _lead_alignment(t, lead):
     """The alignment in bytes of matrix t's leading dimension (ALIGN_BYTES for a vector)."""
     if any(known_true(s == 1) for s in t.shape[-2:]):
         return ALIGN_BYTES
-    return _alignment(t.stride()[-1 if lead == -2 else -2], t.element_size())
+    return alignment_bytes(t.stride()[-1 if lead == -2 else -2], t.element_size())
 
 
 def _leading_dim(t):
@@ -172,7 +172,7 @@ def _consider(gm, node, pads):
     if not need:
         return None
     worst = min(_lead_alignment(va, lead_a[0]), _lead_alignment(vb, lead_b[0]),
-                ALIGN_BYTES if known_true(n == 1) else _alignment(n, out.element_size()))
+                ALIGN_BYTES if known_true(n == 1) else alignment_bytes(n, out.element_size()))
     name = getattr(node.target, "__name__", str(node.target))
     shape = f"{list(va.shape)} @ {list(vb.shape)}"
     sizes = {"M": m, "K": k, "N": n}

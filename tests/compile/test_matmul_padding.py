@@ -97,8 +97,8 @@ def test_large_unaligned_matmul_pays_under_the_default_cost_model(monkeypatch):
 
 
 def test_the_slowdown_follows_the_worst_leading_dimension():
-    assert [mp._alignment(n, 2) for n in (50257, 30522, 50260, 50264)] == [2, 4, 8, 16]
-    assert mp._alignment(1001, 4) == 4 and mp._alignment(0, 2) == 16
+    assert [mp.alignment_bytes(n, 2) for n in (50257, 30522, 50260, 50264)] == [2, 4, 8, 16]
+    assert mp.alignment_bytes(1001, 4) == 4 and mp.alignment_bytes(0, 2) == 16
 
 
 def test_cpu_graphs_are_left_alone():
