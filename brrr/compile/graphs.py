@@ -20,6 +20,14 @@ stops being bound by the host. What a replay must get right:
   before the next replay overwrites them, any loan whose backward may still run gets its own copies
   (`Loan.settle`). A training loop pays no copies; gradient accumulation (several forwards, then the
   backwards) pays one per pending forward.
+- A backward graph's outputs, the gradients, are *given*: returned as the graph's memory (fresh tensors over
+  it, which autograd makes the parameters' .grad without a copy), not copied. Copies would hold every
+  gradient twice, the graph's and the caller's (GPT-2's training step: +237 MiB at its peak). A replay that
+  would overwrite given memory something still holds (a .grad kept across steps, a view of one) does not
+  run: that call launches its kernels into fresh memory, and from then on the graph copies its outputs out.
+  A backward captures into its forward's pool, so the forward's replay checks the same (`sharers`). The lean
+  runtime turns a kept .grad into a copy before the forward replays (gradient accumulation), so a
+  training loop that zeroes its gradients, or accumulates them, keeps replaying.
 - Capture runs on the second call (the first one checked the kernels) with thread-local capture mode,
   because a backward graph is captured on autograd's device thread while other threads may run.
 - A graph planned at symbolic sizes captures one CUDA graph per shape it replays (runtime.CompiledGraph), and
@@ -38,6 +46,7 @@ stops being bound by the host. What a replay must get right:
 import weakref
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 MAX_REFUSALS = 3   # replays refused for a moved input before the graph is dropped for good
 
@@ -105,6 +114,29 @@ def _copy_keeping_layout(t):
     return copy.set_(t.untyped_storage().clone(), t.storage_offset(), t.size(), t.stride())
 
 
+class Given:
+    """An output a replay gives out as the graph's memory: its position, a weak reference to its storage, and
+    how many references the graph itself holds to that storage (more means the caller still holds it)."""
+
+    __slots__ = ("position", "ref", "own", "data_ptr")
+
+    def __init__(self, position, tensor):
+        self.position, self.data_ptr = position, tensor.untyped_storage().data_ptr()
+        self.ref = StorageWeakRef(tensor.untyped_storage())
+        self.own = 0
+
+    def held(self):
+        return torch._C._storage_Use_Count(self.ref.cdata) > self.own
+
+
+def gift_records(outputs, positions):
+    """Given records for `outputs` at `positions`, taken while only the graph holds them."""
+    records = [Given(i, outputs[i]) for i in positions]
+    for r in records:
+        r.own = torch._C._storage_Use_Count(r.ref.cdata)
+    return records
+
+
 class SharedPool:
     """The CUDA memory pool that several GraphedCalls capture into (one per shape of a symbolic graph), and the
     members whose loans any one's replay must settle first."""
@@ -133,9 +165,10 @@ class GraphedCall:
     into, shared with other GraphedCalls (else the graph's memory is its own). `after`: the GraphedCall whose
     replay this one's always follows (a backward's forward): with no SharedPool, it captures into that one's
     pool, if that one has captured. `static`: the positions of the parameters and buffers among the inputs,
-    where known (input_slots)."""
+    where known (input_slots). `give`: return the outputs that are not lent as the graph's memory instead of
+    copies (a backward's gradients; see Given), with no SharedPool only."""
 
-    def __init__(self, call, first_args, lend=(), pin=(), pool=None, after=None, static=None):
+    def __init__(self, call, first_args, lend=(), pin=(), pool=None, after=None, static=None, give=False):
         self.call, self.first_ptrs = call, data_ptrs(first_args)
         self.static_positions = frozenset(static) if static is not None else None
         self.pool = pool
@@ -146,6 +179,9 @@ class GraphedCall:
         self.lend, self.loans = frozenset(lend), []
         self.pin, self.pinned_ready = frozenset(pin), True
         self.views, self.rebuilt = {}, frozenset()   # outputs viewing inputs read in place; the last replay's
+        self.give = give and pool is None
+        self.given = ()     # Given records of the outputs the last replays gave out, until nothing holds them
+        self.sharers = []   # weak references to the GraphedCalls captured into this one's pool (`after`)
 
     def _after_pool(self):
         leader = self.after() if self.after is not None else None
@@ -176,6 +212,8 @@ class GraphedCall:
             if args[i].data_ptr() != ptr:
                 self.refusals += 1
                 return None
+        if self._overwrites_held():
+            return None
         if self.pool is not None:
             self.pool.settle_loans()   # any member's memory may be this replay's
         elif self.loans:
@@ -186,14 +224,35 @@ class GraphedCall:
                 static.copy_(a)
         self.graph.replay()
         out = list(self.static_out)
-        for i in self.cloned:
-            out[i] = out[i].clone()
+        if self.give:
+            for i in self.cloned:
+                out[i] = out[i].detach()   # a tensor of its own: autograd's .grad takes it as it is
+            self.given = self.gifts
+        else:
+            for i in self.cloned:
+                out[i] = out[i].clone()
         views = self.views
         if views:
             for i, j in views.items():
                 out[i] = view_of_current(out[i], self.static[j], args[j])
             self.rebuilt = frozenset(id(out[i]) for i in views)
         return tuple(out)
+
+    def held_gifts(self):
+        """The Given records of outputs a replay gave out that something besides the graph still holds."""
+        held = [g for g in self.given if g.held()]
+        if not held:
+            self.given = ()
+        return held
+
+    def _overwrites_held(self):
+        """Whether replaying now would overwrite outputs given out (by this graph, or by one captured into its
+        pool) that something still holds. That graph then copies its outputs out from now on."""
+        for member in (self, *(r() for r in self.sharers)):
+            if member is not None and member.given and member.held_gifts():
+                member.give = False
+                return True
+        return False
 
     def _capture(self, args):
         try:
@@ -216,6 +275,10 @@ class GraphedCall:
                               enumerate(zip(self.slots, self.static, self.static_ptrs)) if slot == "copy"]
             self.cloned = [i for i, o in enumerate(self.static_out)
                            if isinstance(o, torch.Tensor) and i not in self.lend and i not in self.views]
+            self.gifts = gift_records(self.static_out, self.cloned) if self.give else ()
+            leader = self.after() if self.after is not None else None
+            if pool is not None and leader is not None and self.pool is None:
+                leader.sharers.append(weakref.ref(self))
             self.graph = graph
             return True
         except Exception as e:

@@ -201,6 +201,21 @@ def _inference_callable(gm, compiled, unsafe_views, mutated=()):
     return run
 
 
+def _copy_kept_gradients(bw_call, args):
+    """A backward replay gives its gradients out as the graph's memory (graphs.Given), which its next replay,
+    or its forward's, overwrites. Where an input's .grad still holds one (gradients accumulated over several
+    steps), that .grad becomes a copy now, so the graphs can replay. The backward's output i is input i's
+    gradient."""
+    graphed = bw_call.graphed
+    if graphed is None or not graphed.given:
+        return
+    for gift in graphed.held_gifts():
+        a = args[gift.position] if gift.position < len(args) else None
+        if isinstance(a, torch.Tensor) and a.is_leaf and a.grad is not None \
+                and a.grad.untyped_storage().data_ptr() == gift.data_ptr:
+            a.grad = a.grad.clone(memory_format=torch.preserve_format)
+
+
 def _training_callable(capture):
     meta = capture.meta
     (fw_gm, fw_call), bw_call = capture.forward, capture.backward[1]
@@ -221,6 +236,7 @@ def _training_callable(capture):
         fw_call.lend = tuple(range(n_out, n_out + n_saved))
         bw_call.pin = tuple(range(n_saved))
         bw_call.lender = fw_call
+        bw_call.give = True   # the gradients: the graph's memory, not copies (graphs.Given)
 
     class LeanCompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -272,9 +288,13 @@ def _training_callable(capture):
 
     if not n_mut:
         def run(*args):
+            if lending:
+                _copy_kept_gradients(bw_call, args)
             return LeanCompiledFunction.apply(*args)
     else:
         def run(*args):
+            if lending:
+                _copy_kept_gradients(bw_call, args)
             out = LeanCompiledFunction.apply(*args)
             _write_back(args, mutated, updates.values)   # outside the Function, as AOTAutograd does
             updates.values = ()

@@ -217,6 +217,7 @@ class CompiledGraph:
         self.graphed = None   # a GraphedCall once verified, with cuda_graphs
         self.trial = None     # with cuda_graphs="auto": the ReplayTrial deciding whether to keep self.graphed
         self.lend = ()        # output positions a replay may return uncopied (see graphs.Loan)
+        self.give = False     # whether a replay gives its other outputs out as its memory (graphs.Given)
         self.lent = False     # whether the last call's outputs at those positions are the graph's own memory
         self.pin, self.pinned_ready = (), True   # inputs lent by another graph, and whether they still are
         self.lender = None    # that graph (a backward's forward): with "auto", its trial leads this one's
@@ -273,7 +274,7 @@ class CompiledGraph:
         trial; a symbolic graph keeps them as that shape's."""
         lender = self.lender.graphed if self.lender is not None and self.pool is None else None
         self.graphed = GraphedCall(self.call, args, self.lend, self.pin, pool=self.pool, after=lender,
-                                   static=self.static_inputs)
+                                   static=self.static_inputs, give=self.give)
         self.trial = None
         if self.cuda_graphs == "auto":
             leader = self.lender.trial if self.lender is not None else None

@@ -132,3 +132,37 @@ def test_an_output_viewing_an_input_read_in_place_is_a_view_of_this_calls_input(
     assert loan.callers == {0}
     g([x3, w2])
     assert loan.tensors[0] is out[1]   # not copied: it is w2's memory, which the backward reads
+
+
+def test_given_outputs_are_the_graphs_memory_and_a_held_one_stops_the_next_replay(fake_cuda_graphs):
+    """A backward's gradients are given out, not copied: no gradient held twice. A replay that would overwrite
+    one the caller still holds launches instead (None here), and the graph copies its outputs from then on."""
+    w = torch.randn(4)
+    x0, x1, x2, x3, x4 = (torch.randn(3, 4) for _ in range(5))
+    g = GraphedCall(double_and_sum, [x0, w], give=True)
+    for x in (x1, x2):                                 # nothing kept between calls: each replays and gives
+        out = g([x, w])
+        assert _same_storage(out[0], g.static_out[0]) and out[0] is not g.static_out[0]
+        torch.testing.assert_close(out[0], x * w * 2)
+        del out
+    kept = g([x3, w])[1]
+    assert g([x4, w]) is None and not g.give and g.refusals == 0   # kept: this call must launch
+    torch.testing.assert_close(kept, (x3 * w).sum(0))
+    del kept
+    again = g([x4, w])                                 # released: replays, now copying out
+    assert again is not None and not _same_storage(again[0], g.static_out[0])
+    torch.testing.assert_close(again[0], x4 * w * 2)
+
+
+def test_a_forward_does_not_replay_over_gradients_its_backward_gave_out(fake_cuda_graphs):
+    """A backward captures into its forward's pool, so the forward's replay may overwrite the backward's
+    outputs: it checks them too, and the backward copies its outputs from then on."""
+    w = torch.randn(4)
+    x0, x1, x2, x3 = (torch.randn(3, 4) for _ in range(4))
+    fw = GraphedCall(double_and_sum, [x0, w])
+    fw([x1, w])
+    bw = GraphedCall(lambda a: (a[0] * 3,), [x0], after=fw, give=True)
+    grad = bw([x1])[0]
+    assert len(fw.sharers) == 1 and fw([x2, w]) is None
+    del grad
+    assert fw([x3, w]) is not None and not bw.give
