@@ -11,7 +11,7 @@ import torch
 
 from brrr.compile import ir, layout, mathops
 from brrr.compile.codegen.triton import COLUMN_PERSISTENT_MAX, COLUMN_XBLOCK, PERSISTENT_MAX
-from brrr.compile.indexing import Ix, Term, contiguous_strides, linear, unflatten
+from brrr.compile.indexing import Ix, Term, unflatten
 from brrr.compile.ir import Const, IndexValue, Op
 from brrr.compile.sizes import hint, is_symbolic, known_true, same
 
@@ -303,8 +303,6 @@ def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype
     if column:
         wanted = -(-SPLIT_COLUMN_PROGRAMS * COLUMN_XBLOCK // max(x_hint, 1))
         chunks = max(2, min(wanted, r_hint // 256))
-        if not is_symbolic(rsize):
-            chunks = exact_chunks(r_hint, chunks)
     block = (rsize + chunks - 1) // chunks
 
     def partial_body(idx):
@@ -327,24 +325,6 @@ def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype
     part = ir.reduction(L.fresh("red"), pshape, part_dtype, partial_body, pspace, pdims, rtype, fx=fx, ops=ops)
     part.meta.update(acc_dtype=acc_dtype, device=device_of(x), order=layout.row_major(3),
                      fake=torch.empty(pshape, dtype=part_dtype, device="meta"))
-    producer = reshaped_producer(x)
-    if column and producer is not None and known_true(chunks * block == rsize):
-        # the chunks tile x exactly: the kernel computing x's producer can walk this space instead, computing
-        # the partial sums as it stores (a bias gradient beside the activation gradient it sums)
-        x_strides = contiguous_strides(src_shape)
-
-        def producer_index(idx):
-            c, b, xi = idx
-            full = [Ix()] * len(src_shape)
-            for d, i in zip(kept_dims, unflatten(Ix.of(xi), kept_sizes, tuple(range(len(kept_dims))))):
-                full[d] = i
-            for d, i in zip(reduced_dims, unflatten(Ix.of(c) * block + b, reduced_sizes,
-                                                    tuple(range(len(reduced_dims))))):
-                full[d] = i
-            if producer is x:   # the index the partial reads x at, as it is (the same loads)
-                return full
-            return unflatten(linear(full, x_strides), tuple(producer.shape))
-        part.meta["producer"] = (producer, producer_index)
     if column:   # seen here, in x's own dims: the partial's rows unflatten through a division the layout check skips
         part.meta["reads_along_rows"] = layout.reads_along_rows(x(layout.dim_vars(src_shape)), src_shape, dims)
     L.add(part)
@@ -370,34 +350,6 @@ def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype
                       fake=torch.empty(out_shape, dtype=out_dtype, device="meta"))
     L.add(final)
     return final
-
-
-SPLIT_EXACT_SLACK = 2   # an exact chunk count may differ from the wanted one by at most this factor
-
-
-def exact_chunks(rows, wanted):
-    """The chunk count nearest `wanted` (within SPLIT_EXACT_SLACK, chunks of at least 256 rows) that divides
-    `rows`, else `wanted`: exact chunks need no mask, and let a producer's kernel take the partial sums."""
-    best = None
-    for c in range(max(2, wanted // SPLIT_EXACT_SLACK), min(wanted * SPLIT_EXACT_SLACK, rows // 256) + 1):
-        if rows % c == 0 and (best is None or abs(c - wanted) < abs(best - wanted)):
-            best = c
-    return best or wanted
-
-
-RESHAPES = ("view", "_unsafe_view", "reshape", "view_as", "alias", "detach", "clone_view")
-
-
-def reshaped_producer(x):
-    """The pointwise node x reads element for element in row-major order (x itself, or what a chain of
-    reshapes of x views), or None."""
-    node = x
-    while node.view_of is not None and node.kind == "pointwise" and set(node.ops) <= set(RESHAPES):
-        node = node.view_of
-    if not isinstance(node, ir.Node) or node.kind != "pointwise" or node.view_of is not None \
-            or not same((node.numel,), (x.numel,)):
-        return None
-    return node
 
 
 def kept_index(src_idx, dims, out_shape):

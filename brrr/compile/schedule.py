@@ -33,8 +33,6 @@ class Kernel:
     across: bool = False               # a reduction that also reads a large input against its memory order:
     #                                    along the kept dims (a row reduction), or the reduced ones (a column one)
     members: list = field(default_factory=list)   # every IR node it computes (roots and what they inline)
-    source: tuple = ()                 # (shape P, index of S -> index of P): a producer kernel that took a column
-    #                                    split's partial sums walks the partial's space, its roots of shape P mapped
 
     @property
     def is_reduction(self):
@@ -112,14 +110,8 @@ class Kernel:
         """Whether per-row index `idx` (into `shape`) is the row this kernel's program is computing."""
         return linear(idx, self.row_strides(shape)) == Ix.var("xindex", self.xnumel())
 
-    def from_source(self, node):
-        """Whether `node` is a full-size root of a producer kernel that now walks a split's partial space."""
-        return bool(self.source) and node.kind == "pointwise" and same(node.shape, self.source[0])
-
     def index_for(self, node):
         """the index at which `node` is computed in this kernel, or None when it does not fit."""
-        if self.from_source(node):
-            return self.source[1](self.full_index())
         if node.kind == "reduction":
             return self.full_index() if same(node.src_shape, self.shape) and node.dims == self.dims else None
         if same(node.shape, self.shape):
@@ -129,8 +121,7 @@ class Kernel:
         return None
 
     def is_row(self, node):
-        return node.kind == "reduction" or (self.dims and not same(node.shape, self.shape)
-                                            and not self.from_source(node))
+        return node.kind == "reduction" or (self.dims and not same(node.shape, self.shape))
 
 
 def _prod(xs):
@@ -350,39 +341,9 @@ class Scheduler:
         else:
             node.stride = layout.dense_strides(node.shape, kernel.loop_order())
 
-    def take_partial_sums(self, node):
-        """Whether the kernel computing a column split's input (node.meta["producer"]: a pointwise root, its
-        full-size kernel's only shape) can walk the split's partial space and take the partial sums: the
-        input is then read as it is written, not again (a bias gradient summed beside the activation
-        gradient it sums, which a matmul reads)."""
-        producer, index = node.meta.get("producer", (None, None))
-        k = self.kernel_of.get(producer)
-        if k is None or k.dims or k.tile or k.closed or k.source \
-                or not all(r.kind == "pointwise" and same(r.shape, producer.shape) for r in k.roots) \
-                or k.loop_order() != layout.row_major(len(producer.shape)) \
-                or any(tuple(r.stride) != tuple(layout.dense_strides(r.shape, k.loop_order())) for r in k.roots):
-            return False
-        upgrade = Kernel(k.name, tuple(node.src_shape), node.dims, k.roots, order=tuple(node.meta["order"]),
-                         source=(tuple(producer.shape), index))
-        self.position[upgrade] = self.position[k]
-        try:
-            ok = all(self.deps(upgrade, r, upgrade.index_for(r))[0] for r in k.roots)
-            if ok:
-                ok, _, inlined = self.deps(upgrade, node, upgrade.full_index())
-            if not ok:
-                return False
-        finally:
-            self.position.pop(upgrade, None)
-        k.shape, k.dims, k.order, k.source = upgrade.shape, upgrade.dims, upgrade.order, upgrade.source
-        self.add_root(k, node, inlined)
-        self.position[node] = self.position[k]
-        return True
-
     def place(self, node):
         kernels = [s for kind, s in self.steps if kind == "kernel"]
         last_reason = None
-        if node.kind == "reduction" and node.meta.get("producer") is not None and self.take_partial_sums(node):
-            return
         for k in reversed(kernels):
             if k.closed:
                 continue
@@ -458,7 +419,7 @@ class Scheduler:
                 against = layout.reads_along_rows if k.is_column() else layout.reads_across_rows
                 k.across = any(root.meta.get("reads_along_rows") or
                                against(self.evaluate(k, root, layout.dim_vars(k.shape))[0], k.shape, k.dims)
-                               for root in k.roots if not k.from_source(root))
+                               for root in k.roots)
             if kind != "kernel" or k.dims or k.closed or len(k.shape) < 2:
                 continue
             main = None

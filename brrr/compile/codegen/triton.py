@@ -467,6 +467,7 @@ class Codegen:
         warps = 2 if tile <= 256 else 4 if tile <= 2048 else 8 if tile <= 8192 else 16
         self.x_full, self.r_full = known_true(X % xblock == 0), known_true(R % rblock == 0) and known_true(R > 0)
         head = self.reduction_head(X, R)
+        full_idx = k.full_index()
         rows, fulls = self.pointwise_roots(roots)
         s = Scope()
         if R == 0:   # empty rows: every reduction is its identity, and full-size outputs are empty
@@ -484,14 +485,9 @@ class Codegen:
                 self.finish_reduction(s, r, self.reduce_expr(r, t, True))
             self.store_rows_and_reductions(s, reds, rows)
             for r in fulls:
-                idx = k.index_for(r)
-                self.store(s, r, idx, self.value(s, r(idx)))
+                self.store(s, r, full_idx, self.value(s, r(full_idx)))
             return head + s.lines, dict(XBLOCK=xblock, RBLOCK=rblock, num_warps=warps,
                                         grid=(cdiv(X, xblock),))
-        # full-size roots that read no reduction of this kernel are stored in its first pass over the rows,
-        # beside the sums that read them, instead of a second pass loading their inputs again
-        early = [r for r in fulls if not self.reads_own_reductions(r)]
-        stored_early = set(early)
         levels = self.levels(reds)
         online = self.online_softmax_pairs(s, reds, levels)   # max reduction -> the sum of exp it feeds
         for lvl in sorted(set(levels.values())):
@@ -507,10 +503,6 @@ class Codegen:
                 if r in online:
                     s.lines.append(f"    {acc}_sum = tl.full([XBLOCK, RBLOCK], 0, tl.float32)")
             loop = self.loop(s)
-            for r in early:
-                idx = k.index_for(r)
-                self.store(loop, r, idx, self.value(loop, r(idx)))
-            early = []
             for r, acc in zip(group, accs):
                 t = self.reduction_input(loop, r)
                 nan = ", propagate_nan=tl.PropagateNan.ALL" if r in self.nan_aware else ""
@@ -531,19 +523,12 @@ class Codegen:
                     self.finish_reduction(s, online[r], f"tl.sum(tl.where({row_max} == float('-inf'), 0.0, "
                                                         f"{acc}_sum * tl.exp({acc} - {row_max})), 1)[:, None]")
         self.store_rows_and_reductions(s, reds, rows)
-        late = [r for r in fulls if r not in stored_early] + early
-        if late:
+        if fulls:
             loop = self.loop(s)
-            for r in late:
-                idx = k.index_for(r)
-                self.store(loop, r, idx, self.value(loop, r(idx)))
+            for r in fulls:
+                self.store(loop, r, full_idx, self.value(loop, r(full_idx)))
             s.lines.extend(loop.lines)
         return head + s.lines, dict(XBLOCK=xblock, RBLOCK=rblock, num_warps=warps, grid=(cdiv(X, xblock),))
-
-    def reads_own_reductions(self, root):
-        """Whether a full-size root reads a reduction this kernel computes (a layer norm's output: after them)."""
-        value = root(self.k.index_for(root))
-        return any(isinstance(v, ir.ReduceRef) and self.kernel_of.get(v.node) is self.k for v in ir.walk(value))
 
     def gen_unrolled(self, roots, reds):
         """A column reduction over a few elements (a 3x3 pooling window): one lane per kept element, like a
