@@ -42,6 +42,9 @@ def parse_args(argv=None):
     p.add_argument("--commit", help="the commit measured (default: git rev-parse --short HEAD)")
     p.add_argument("--ddp-grads", default="bucket-view", help="bucket-view or copied (train_ranks.py's option)")
     p.add_argument("--timeout-s", type=float, default=1200, help="limit for each launched run")
+    p.add_argument("--timing", default="interleaved", help="interleaved or sequential (train_ranks.py's option)")
+    p.add_argument("--wraps", default="ddp,fsdp2",
+                   help="wrappings on several GPUs (the one-GPU run for scaling comes first when ddp is among them)")
     return p.parse_args(argv)
 
 
@@ -55,7 +58,7 @@ def launch(args, model, wraps, gpus, out):
     """train_ranks.py on `gpus` processes (1: a plain process on the first GPU); its record file, or None."""
     worker = [str(HERE / "train_ranks.py"), "--models", model, "--wraps", wraps, "--backends", args.backends,
               "--loss-steps", str(args.loss_steps), "--timed-steps", str(args.timed_steps),
-              "--ddp-grads", args.ddp_grads, "--out", str(out)] + \
+              "--ddp-grads", args.ddp_grads, "--timing", args.timing, "--out", str(out)] + \
         (["--quick"] if args.quick else []) + (["--keep-logging-breaks"] if args.keep_logging_breaks else [])
     env = os.environ.copy()
     if gpus == 1:
@@ -104,13 +107,14 @@ def main(argv=None):
     environment = {"device": device_name, "gpus": args.gpus, "date": utc_date(), "commit": commit,
                    "torch": torch.__version__, "triton": _version("triton"), "transformers": _version("transformers"),
                    "dtype": "bfloat16", "backends": args.backends.split(","), "loss_steps": args.loss_steps,
-                   "timed_steps": args.timed_steps, "mode": "quick" if args.quick else "full",
+                   "timed_steps": args.timed_steps, "timing": args.timing, "mode": "quick" if args.quick else "full",
                    "dynamo_skips_logging": not args.keep_logging_breaks, "ddp_grads": args.ddp_grads,
                    "nccl": ".".join(map(str, torch.cuda.nccl.version())) if not args.quick else None}
     records = []
     work = Path(tempfile.mkdtemp(prefix="brrr-distributed-"))
     for model in models:
-        for wraps, gpus in (("none", 1), ("ddp,fsdp2", args.gpus)):
+        runs = ((("none", 1),) if "ddp" in args.wraps.split(",") else ()) + ((args.wraps, args.gpus),)
+        for wraps, gpus in runs:
             got = launch(args, model, wraps, gpus, work / f"{model}-{gpus}.json")
             records += got["records"] if got else []
             report.write({"environment": environment, "records": records}, stem)

@@ -125,13 +125,20 @@ def _ddp_grads(env):
     return "views of its buckets (gradient_as_bucket_view)" if how == "bucket-view" else "copied out of its buckets"
 
 
+def _timing(env):
+    if env.get("timing") == "interleaved":
+        return (", every backend's run kept alive and timed in rounds, each round a share of the steps of each "
+                "in turn (peak memory: over a few steps of each before the rounds, less what the others hold)")
+    return ", each backend's run timed alone"
+
+
 def markdown(results):
     env = results["environment"]
     lines = [f"# brrr under DDP and FSDP2: {env['device']} x{env['gpus']}", "",
              f"{env['date']}, commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, "
              f"transformers {env['transformers']}, NCCL {env.get('nccl')}; {env['dtype']}, AdamW; loss over the "
              f"first {env['loss_steps']} steps (the first holds the compile), step time the median of "
-             f"{env['timed_steps']} steps after them. DDP's gradients: {_ddp_grads(env)}.", "",
+             f"{env['timed_steps']} steps after them{_timing(env)}. DDP's gradients: {_ddp_grads(env)}.", "",
              "Per-GPU step: the slowest rank's median. Scaling: the one-GPU step of the same backend at the same "
              "per-GPU batch over the per-GPU step. Loss error: the largest relative difference of the "
              "rank-averaged loss from eager DDP's, over the same steps.", "",

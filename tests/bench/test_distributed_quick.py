@@ -28,7 +28,9 @@ def test_quick_run_trains_under_ddp_and_fsdp2_as_eager_does(tmp_path, monkeypatc
     assert rows[("ddp", "brrr")]["graphs"] > 0 and rows[("ddp", "eager")]["graphs"] == 0
     assert rows[("ddp", "eager")]["loss_rel_err"] == 0   # the reference itself
     assert all(v["correct"] for v in results["verdicts"]["gpt2-lm-train"].values())
-    assert "| gpt2-lm-train | fsdp2 | brrr |" in path.with_suffix(".md").read_text()
+    text = path.with_suffix(".md").read_text()
+    assert "| gpt2-lm-train | fsdp2 | brrr |" in text and "timed in rounds" in text   # interleaved by default
+    assert all(len(r["step_times_s"]) == 6 for r in results["records"])   # a step a round (--timed-steps 1)
 
 
 def _record(wrap, backend, rank, step_s, losses, psum=1.0, world=2):
