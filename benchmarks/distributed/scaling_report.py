@@ -3,7 +3,7 @@
 A row is one (model, wrapping, backend) on N GPUs: the per-GPU step time (the slowest rank's median), the
 one-GPU step time of the same backend at the same per-GPU batch, their ratio (scaling efficiency), the peak
 memory of the busiest rank, the largest relative difference of the rank-averaged loss from eager DDP's over
-the same steps, whether every rank ends with the same parameters, and what Dynamo and brrr reported. The
+the same steps (from eager under the same wrapping where DDP was not run; the row says which), whether every rank ends with the same parameters, and what Dynamo and brrr reported. The
 verdicts are the distributed issue's acceptance, for brrr under each wrapping: correct, per-GPU step time at
 or below Inductor's, and DDP scaling efficiency of at least 90%.
 
@@ -45,7 +45,10 @@ def rows(records):
         errors = sorted({r["error"] for r in ranks if "error" in r})
         row = {"model": model, "wrap": wrap, "backend": backend, "world": len(ranks), "error": "; ".join(errors)}
         single = [r for r in groups.get((model, "none", backend), ()) if "error" not in r]
-        reference = [r for r in groups.get((model,) + REFERENCE, ()) if "error" not in r]
+        reference, reference_wrap = [r for r in groups.get((model,) + REFERENCE, ()) if "error" not in r], "ddp"
+        if not reference:   # a run without DDP: eager under the same wrapping
+            reference, reference_wrap = [r for r in groups.get((model, wrap, "eager"), ()) if "error" not in r], wrap
+        row["loss_reference"] = f"eager {reference_wrap}" if reference else None
         if not errors:
             row["step_s"] = _max(r["step_s"] for r in ranks)
             row["host_step_s"] = _max(r.get("host_step_s") for r in ranks)
@@ -125,6 +128,11 @@ def _ddp_grads(env):
     return "views of its buckets (gradient_as_bucket_view)" if how == "bucket-view" else "copied out of its buckets"
 
 
+def _references(table):
+    names = sorted({r["loss_reference"] for r in table if r.get("loss_reference")})
+    return " or ".join(names) if names else "eager DDP"
+
+
 def _timing(env):
     if env.get("timing") == "interleaved":
         return (", every backend's run kept alive and timed in rounds, each round a share of the steps of each "
@@ -141,7 +149,7 @@ def markdown(results):
              f"{env['timed_steps']} steps after them{_timing(env)}. DDP's gradients: {_ddp_grads(env)}.", "",
              "Per-GPU step: the slowest rank's median. Scaling: the one-GPU step of the same backend at the same "
              "per-GPU batch over the per-GPU step. Loss error: the largest relative difference of the "
-             "rank-averaged loss from eager DDP's, over the same steps.", "",
+             f"rank-averaged loss from {_references(results['rows'])}'s, over the same steps.", "",
              "| model | wrap | backend | per-GPU step ms | 1 GPU ms | scaling | peak GiB (1 GPU) | loss error | "
              "ranks agree | graphs / breaks | brrr fallbacks | first step s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -200,6 +200,10 @@ class Run:
                 sync()
                 record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) - before
         record.update(graph_stats())
+        # what this run's build and loss steps decided and fell back on (later runs add their own after it)
+        record["brrr_fallbacks"] = brrr_fallbacks(self.fallbacks_before)
+        record["replay_verdicts"] = [(d.graph, d.replay, d.reason)
+                                     for d in replay_choice.DECISIONS[self.decisions_before:]]
         if self.backend == "inductor":
             stop_inductor_workers()   # idle compile workers share the host with whatever is timed next
 
@@ -247,17 +251,11 @@ class Run:
 
     def finish(self):
         """The record, and everything this run holds let go."""
-        from brrr.compile import replay_choice
-
         record = self.record
         record["step_times_s"] = self.times
         record["step_s"] = sorted(self.times)[len(self.times) // 2] if self.times else None
         if self.host:
             record["host_step_s"] = sorted(self.host)[len(self.host) // 2]
-        record["brrr_fallbacks"] = brrr_fallbacks(self.fallbacks_before)
-        # each graph's launch-or-replay verdict on this rank, in order: the ranks must take the same ones
-        record["replay_verdicts"] = [(d.graph, d.replay, d.reason)
-                                     for d in replay_choice.DECISIONS[self.decisions_before:]]
         for name in ("compiled", "wrapped", "model", "opt", "work", "data"):
             setattr(self, name, None)
         gc.collect()

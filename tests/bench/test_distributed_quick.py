@@ -76,3 +76,16 @@ def test_report_says_whether_the_ranks_took_the_same_launch_or_replay_verdicts()
     assert "- m, ddp, brrr: verdicts the same on every rank" in text
     assert "- m, fsdp2, brrr: verdicts **differ between ranks**" in text
     assert "  - rank 1: forward launches (not faster replayed)" in text
+
+
+def test_without_ddp_the_loss_is_judged_against_eager_under_the_same_wrapping():
+    report = _load("scaling_report")
+    ref = [10.0, 9.0]
+    records = [_record("fsdp2", "eager", r, 0.03, ref) for r in (0, 1)]
+    records += [_record("fsdp2", "brrr", r, 0.02, [10.0, 9.09]) for r in (0, 1)]
+    table = {(r["wrap"], r["backend"]): r for r in report.rows(records)}
+    row = table[("fsdp2", "brrr")]
+    assert row["loss_reference"] == "eager fsdp2" and abs(row["loss_rel_err"] - 0.01) < 1e-9
+    assert report.verdicts(list(table.values()))["m"]["fsdp2 brrr"]["correct"]
+    records += [_record("ddp", "eager", r, 0.02, [10.0, 9.0 * 1.001]) for r in (0, 1)]   # DDP's, when it ran
+    assert report.rows(records)[2]["loss_reference"] == "eager ddp"
