@@ -5,9 +5,11 @@
     PYTHONPATH=$PWD python3 benchmarks/distributed/run_distributed.py --quick --out /tmp/dist   # CPU, gloo
 
 Backends: eager, brrr, brrr with CUDA graphs, and Inductor (last). Runs train_ranks.py twice per model: one
-process on one GPU with no wrapper (the scaling baseline, at the same per-GPU batch), then `torch.distributed.run --nproc-per-node 2` under DDP and FSDP2. Every backend trains the
-zoo's model (benchmarks/zoo/models.py, bf16, random init) from the same seed on the same batches. scaling_report.py
-turns the two record files into `<date>-<gpu>-<commit>[-<models>].{json,md}`: per-GPU step time, scaling
+process on one GPU with no wrapper (the scaling baseline, at the same per-GPU batch; only where `--wraps` holds
+ddp), then `torch.distributed.run --nproc-per-node 2` under the `--wraps` (DDP and FSDP2), the backends timed
+in interleaved rounds (`--timing`, train_ranks.py's option). Every backend trains the zoo's model
+(benchmarks/zoo/models.py, bf16, random init) from the same seed on the same batches. scaling_report.py turns
+the two record files into `<date>-<gpu>-<commit>[-<models>].{json,md}`: per-GPU step time, scaling
 efficiency, peak memory, the loss over the first steps against eager DDP's, graph breaks and brrr's fallbacks.
 Compile caches are shared by the runs of one invocation (so the baseline's compiles warm the later ones'
 kernels) and are fresh for each invocation.

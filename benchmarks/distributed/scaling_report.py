@@ -3,8 +3,8 @@
 A row is one (model, wrapping, backend) on N GPUs: the per-GPU step time (the slowest rank's median), the
 one-GPU step time of the same backend at the same per-GPU batch, their ratio (scaling efficiency), the peak
 memory of the busiest rank, the largest relative difference of the rank-averaged loss from eager DDP's over
-the same steps (from eager under the same wrapping where DDP was not run; the row says which), whether every rank ends with the same parameters, and what Dynamo and brrr reported. The
-verdicts are the distributed issue's acceptance, for brrr under each wrapping: correct, per-GPU step time at
+the same steps (from eager under the same wrapping where DDP was not run; the row says which), whether every
+rank ends with the same parameters, and what Dynamo and brrr reported. The verdicts are the distributed issue's acceptance, for brrr under each wrapping: correct, per-GPU step time at
 or below Inductor's, and DDP scaling efficiency of at least 90%.
 
     python3 benchmarks/distributed/scaling_report.py FILE.json   # print its Markdown again

@@ -176,7 +176,8 @@ class Run:
         if self.how == "ddp":
             record["ddp_grads"] = args.ddp_grads
         # as the zoo, logging calls skipped; entered after the build, which may add logging methods
-        self.limits, self.skip_logging = dynamo_limits(64), lambda: skip_logging_in_graphs(not args.keep_logging_breaks)
+        self.limits = dynamo_limits(64)
+        self.skip_logging = lambda: skip_logging_in_graphs(not args.keep_logging_breaks)
         with self.context():
             sync()
             start = time.perf_counter()

@@ -85,3 +85,32 @@ def test_a_kept_view_of_a_gradient_is_not_overwritten(graphed_training):
         _assert_grads_equal(model, eager)
         torch.testing.assert_close(kept, expected)
     assert not _backward_graph(made).give   # copies from the step that found the view held
+
+
+def test_two_backwards_through_one_forward_equal_eager(graphed_training):
+    """retain_graph: the second backward finds the first one's gradients in .grad, held: it launches, and adds."""
+    compiled, model, eager, made, fake = graphed_training
+    for step in range(4):
+        _zero(model, eager)
+        x = torch.randn(5, 8)
+        loss, eager_loss = compiled(x).square().sum(), eager(x).square().sum()
+        loss.backward(retain_graph=True)
+        eager_loss.backward(retain_graph=True)
+        loss.backward()
+        eager_loss.backward()
+        _assert_grads_equal(model, eager)
+
+
+def test_gradients_kept_from_autograd_grad_are_not_overwritten(graphed_training):
+    """A functional loop keeps each step's gradients (torch.autograd.grad) while the next step runs."""
+    compiled, model, eager, made, fake = graphed_training
+    params = list(model.parameters())
+    kept = []
+    for step in range(4):
+        x = torch.randn(5, 8)
+        grads = torch.autograd.grad(compiled(x).square().sum(), params)
+        expected = torch.autograd.grad(eager(x).square().sum(), list(eager.parameters()))
+        kept.append((grads, [g.clone() for g in expected]))
+    for grads, expected in kept:
+        for g, e in zip(grads, expected):
+            torch.testing.assert_close(g, e)
