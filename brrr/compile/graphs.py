@@ -121,20 +121,13 @@ class Given:
     __slots__ = ("position", "ref", "own", "data_ptr")
 
     def __init__(self, position, tensor):
+        """Made while only the graph holds `tensor` (at capture)."""
         self.position, self.data_ptr = position, tensor.untyped_storage().data_ptr()
         self.ref = StorageWeakRef(tensor.untyped_storage())
-        self.own = 0
+        self.own = torch._C._storage_Use_Count(self.ref.cdata)
 
     def held(self):
         return torch._C._storage_Use_Count(self.ref.cdata) > self.own
-
-
-def gift_records(outputs, positions):
-    """Given records for `outputs` at `positions`, taken while only the graph holds them."""
-    records = [Given(i, outputs[i]) for i in positions]
-    for r in records:
-        r.own = torch._C._storage_Use_Count(r.ref.cdata)
-    return records
 
 
 class SharedPool:
@@ -275,7 +268,7 @@ class GraphedCall:
                               enumerate(zip(self.slots, self.static, self.static_ptrs)) if slot == "copy"]
             self.cloned = [i for i, o in enumerate(self.static_out)
                            if isinstance(o, torch.Tensor) and i not in self.lend and i not in self.views]
-            self.gifts = gift_records(self.static_out, self.cloned) if self.give else ()
+            self.gifts = [Given(i, self.static_out[i]) for i in self.cloned] if self.give else ()
             leader = self.after() if self.after is not None else None
             if pool is not None and leader is not None and self.pool is None:
                 leader.sharers.append(weakref.ref(self))
