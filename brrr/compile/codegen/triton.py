@@ -28,6 +28,8 @@ COLUMN_RBLOCK = 32          # rows per step of a looped column reduction
 COLUMN_SHORT_RBLOCK = 8     # ... of one over at least COLUMN_SHORT_MIN_X columns, whose grid alone keeps loads in
 COLUMN_SHORT_MIN_X = 65536  # flight: channels_last BN statistics 29.5 us against 32.3 at 32 rows (1024 programs),
                             # while LLaMA's RMSNorm weight gradient (512 programs) took 65 us against 28 (NOTES)
+COLUMN_MIN_RBLOCK = 8       # the fewest rows a looped column reduction steps; a shorter step that tiles the rows
+                            # exactly is taken over a longer one that would mask every load
 FEW_COLUMNS = 4096          # a column reduction over at most this many columns and ...
 FEW_COLUMNS_RMAX = 1024     # ... at most this many rows holds its columns whole: more, shorter programs
 UNROLL_MAX = 32             # a column reduction over at most this many elements (a pooling window) is unrolled
@@ -64,6 +66,17 @@ def reciprocal_sqrt(v):
 
 def next_pow2(n):
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def exact_step(rows, rblock):
+    """`rblock`, or the longest shorter step down to COLUMN_MIN_RBLOCK that divides a static `rows`: a loop whose
+    steps tile its rows loads unmasked, and ptxas keeps several of those loads in flight."""
+    if is_symbolic(rows):
+        return rblock
+    step = rblock
+    while step > COLUMN_MIN_RBLOCK and rows % step:
+        step //= 2
+    return step if rows % step == 0 else rblock
 
 
 class KernelSource:
@@ -454,7 +467,7 @@ class Codegen:
             rblock = LOOPED_RBLOCK
             if inner_kept:   # an input also read along the rows (`across`) keeps 64-byte runs of it a step
                 short = not k.across and hint(X) >= COLUMN_SHORT_MIN_X
-                rblock = COLUMN_SHORT_RBLOCK if short else COLUMN_RBLOCK
+                rblock = exact_step(R, COLUMN_SHORT_RBLOCK if short else COLUMN_RBLOCK)
             xblock = COLUMN_XBLOCK if inner_kept else 1
             if across:
                 xblock, rblock = ACROSS_TILE if hint(X) >= ACROSS_TILE[0] * FEW_PROGRAMS else FEW_PROGRAMS_TILE
