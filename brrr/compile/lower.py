@@ -211,8 +211,8 @@ SPLIT_COLUMN_MIN_R = 1024      # columns this long, over a tensor of at least SP
 SPLIT_COLUMN_MIN_NUMEL = 1 << 20
 SPLIT_COLUMN_PROGRAMS = 1024   # the split aims at this many [columns, chunk] programs: many per SM
 SPLIT_ACROSS_MAX_X = 32 * 256  # fewer kept elements than this read across rows: too few tiles unsplit
-SPLIT_COLUMN_MIN_CHUNK = 256   # rows a column split's chunk holds at least, or where chunks tile the rows exactly,
-SPLIT_COLUMN_MIN_EXACT_CHUNK = 64   # this many (column_chunks)
+SPLIT_COLUMN_MIN_CHUNK = 256   # rows a column split's chunk holds at least where the last one is masked, ...
+SPLIT_COLUMN_MIN_EXACT_CHUNK = 64   # ... and where the chunks tile the rows exactly (column_chunks)
 
 
 def memory_order(x):
@@ -288,9 +288,9 @@ def column_chunks(rsize, xnumel, exact=True):
     exactly in steps of COLUMN_MIN_RBLOCK rows, chunks of at least SPLIT_COLUMN_MIN_EXACT_CHUNK rows, where
     there is one. Otherwise chunks of at least SPLIT_COLUMN_MIN_CHUNK rows, the last one masked where it runs
     past the rows' end: every load then carries a mask and ptxas keeps one load in flight where it kept ten (a
-    bias gradient's [8192, 3072] sum read at 47% of copy in 22 masked chunks, at over 90% in 16 exact ones; a
-    layer norm's weight and bias gradients over [8192, 768] took 17.7 us in 32 chunks, 10.0 in 64: NOTES,
-    "column sums")."""
+    bias gradient's [8192, 3072] sum read at 46% of copy in 22 masked chunks, at 83% in 16 exact ones; a layer
+    norm's weight and bias gradients over [8192, 768] took 17.8 us in 32 chunks, 10.0 in 64: NOTES, "Column sums
+    in chunks that tile their rows")."""
     wanted = -(-SPLIT_COLUMN_PROGRAMS * COLUMN_XBLOCK // max(xnumel, 1))
     if exact:
         target = max(2, min(wanted, rsize // SPLIT_COLUMN_MIN_EXACT_CHUNK))
