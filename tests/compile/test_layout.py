@@ -251,10 +251,27 @@ def test_a_bias_gradients_column_split_loads_without_masks():
     assert "< 8192" not in partial.source
 
 
-@pytest.mark.parametrize("rows", [2048, 1030], ids=["exact-chunks", "masked-chunks"])
-def test_split_column_sums_match_eager(rows):
+def test_a_column_split_whose_last_chunk_ends_early_walks_whole_steps_unmasked():
+    # 12608 rows (64 x 197 tokens) have no exact tiling near the target, so the last chunk ends early: each
+    # program walks its own chunk's whole steps with unmasked loads, then at most one masked step
+    g = torch.empty(12608, 768, dtype=torch.bfloat16, device="meta")
+    (_, _, kernels), = plans(lambda g: g.sum(0), g)
+    (k, partial), = [(k, ks) for k, ks in kernels.items() if len(k.shape) == 3]
+    assert k.shape[0] * k.shape[1] > 12608
+    lines = partial.source.splitlines()
+    main = next(i for i, line in enumerate(lines) if "range(0, rfull, RBLOCK)" in line)
+    tail = next(i for i, line in enumerate(lines) if "range(rfull, chunk_rows, RBLOCK)" in line)
+    main_loads = [line for line in lines[main:tail] if "tl.load(" in line]
+    tail_loads = [line for line in lines[tail:] if "tl.load(" in line]
+    assert main_loads and not any("mask" in line or "other=" in line or "where" in line for line in main_loads)
+    assert tail_loads and all("< 12608" in "\n".join(lines[tail:]) and "other=" in line for line in tail_loads)
+
+
+@pytest.mark.parametrize("rows, cols", [(2048, 1100), (1030, 1100), (1030, 2048)],
+                         ids=["exact-chunks", "masked-chunks", "whole-steps-then-a-masked-one"])
+def test_split_column_sums_match_eager(rows, cols):
     torch.manual_seed(0)
-    x = torch.randn(rows, 1100, dtype=torch.float64)
+    x = torch.randn(rows, cols, dtype=torch.float64)
     for f in (lambda x: x.sum(0), lambda x: x.var(0), lambda x: (x * x[:, :1]).amax(0)):
         torch._dynamo.reset()
         torch.testing.assert_close(compiled(f)(x), f(x), rtol=1e-9, atol=1e-9)
