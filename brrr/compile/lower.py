@@ -348,7 +348,7 @@ def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype
     if column:   # seen here, in x's own dims: the partial's rows unflatten through a division the layout check skips
         part.meta["reads_along_rows"] = layout.reads_along_rows(x(layout.dim_vars(src_shape)), src_shape, dims)
         if not known_true(chunks * block == rsize):
-            # the last chunk ends early: codegen walks each chunk's own whole steps unmasked (Codegen.peeled_rows)
+            # the last chunk ends early: codegen may walk each chunk's whole steps unmasked (Codegen.peeled_rows)
             part.meta["chunk_rows"] = (rsize, block)
     L.add(part)
 

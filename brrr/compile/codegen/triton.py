@@ -631,21 +631,24 @@ class Codegen:
             loop.lines.append("        rmask = rindex < rnumel")
         return loop
 
-    # A column split's partial whose last chunk ends before the chunk's end (rows not a multiple of the chunk
-    # count, or symbolic) masks every load with `row < rows`, and ptxas then keeps one load in flight per thread.
-    # Where a program's columns lie in one chunk, its loop instead walks the chunk's own whole steps unmasked
-    # (four times the loads in flight, sm_90 SASS) and at most one masked step after them.
+    # A column split's partial whose last chunk ends early (static rows that no chunk count near the target
+    # tiles) masks every load with `row < rows`; its loop of a constant trip count then compiles to one 8-byte
+    # load in flight per thread (sm_90 SASS). Where a program's columns lie in one chunk, the loop instead walks
+    # the chunk's own whole steps unmasked and at most one masked step after them: [12608, 3072] bf16 column sums
+    # 39.7 -> 26.4 us on an H200. Symbolic rows keep the masked loop: its runtime trip count already kept three
+    # loads in flight, and the walk measured slower there (17.9 -> 25.5 us at 8192 rows; NOTES).
     rows_in_chunk = None   # (rows, chunk) while the unmasked steps are rendered: the row bound is known true
 
     def peeled_rows(self, reds, xblock):
-        """(rows, chunk) of a looped column split's partial whose chunks do not tile its rows, when each
+        """(rows, chunk) of a looped column split's partial whose static chunks do not tile its rows, when each
         program's columns lie in one chunk; else None."""
         marks = {r.meta.get("chunk_rows") for r in reds}
         kept = self.k.shape[-1] if len(self.k.shape) == 3 else None
         if len(marks) != 1 or None in marks or not self.k.is_column() or self.r_full or kept is None \
                 or is_symbolic(kept) or kept % xblock:
             return None
-        return next(iter(marks))
+        rows, chunk = next(iter(marks))
+        return None if is_symbolic(rows) or is_symbolic(chunk) else (rows, chunk)
 
     def open_peeled_rows(self, s, peel):
         rows, _ = peel
