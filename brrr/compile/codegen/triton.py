@@ -508,6 +508,10 @@ class Codegen:
         levels = self.levels(reds)
         online = self.online_softmax_pairs(s, reds, levels)   # max reduction -> the sum of exp it feeds
         peel = None if online else self.peeled_rows(reds, xblock)
+        if peel is not None:
+            s.lines += [f"    chunk_rows = tl.maximum(tl.minimum(rnumel, {literal(peel[0], torch.int64)} - "
+                        f"(xoffset // {k.shape[-1]}) * rnumel), 0)",
+                        "    rfull = chunk_rows // RBLOCK * RBLOCK"]
         for lvl in sorted(set(levels.values())):
             group = [r for r in reds if levels[r] == lvl and r not in online.values()]
             if not group:
@@ -537,12 +541,11 @@ class Codegen:
             if peel is None:
                 accumulate(self.loop(s))
             else:   # the chunk's whole steps with no mask, then at most one masked step
-                self.open_peeled_rows(s, peel)
-                full_rows, self.r_full, self.rows_in_chunk = self.r_full, True, peel
+                full_rows, self.r_full, self.row_bound = self.r_full, True, peel
                 try:
                     accumulate(self.loop(s, "0", "rfull", masked=False))
                 finally:
-                    self.r_full, self.rows_in_chunk = full_rows, None
+                    self.r_full, self.row_bound = full_rows, None
                 accumulate(self.loop(s, "rfull", "chunk_rows"))
             for r, acc in zip(group, accs):
                 self.finish_reduction(s, r, self.reduce_expr(r, acc, True))
@@ -637,37 +640,30 @@ class Codegen:
     # the chunk's own whole steps unmasked and at most one masked step after them: [12608, 3072] bf16 column sums
     # 39.7 -> 26.4 us on an H200. Symbolic rows keep the masked loop: its runtime trip count already kept three
     # loads in flight, and the walk measured slower there (17.9 -> 25.5 us at 8192 rows; NOTES).
-    rows_in_chunk = None   # (rows, chunk) while the unmasked steps are rendered: the row bound is known true
+    row_bound = None   # (rows, the row's index) while the unmasked steps render: `row < rows` is known true
 
     def peeled_rows(self, reds, xblock):
-        """(rows, chunk) of a looped column split's partial whose static chunks do not tile its rows, when each
-        program's columns lie in one chunk; else None."""
+        """(rows, the row's index) of a looped column split's partial whose static chunks do not tile its rows,
+        when each program's columns lie in one chunk; else None."""
         marks = {r.meta.get("chunk_rows") for r in reds}
         kept = self.k.shape[-1] if len(self.k.shape) == 3 else None
         if len(marks) != 1 or None in marks or not self.k.is_column() or self.r_full or kept is None \
                 or is_symbolic(kept) or kept % xblock:
             return None
         rows, chunk = next(iter(marks))
-        return None if is_symbolic(rows) or is_symbolic(chunk) else (rows, chunk)
-
-    def open_peeled_rows(self, s, peel):
-        rows, _ = peel
-        if any(line.strip().startswith("chunk_rows =") for line in s.lines):
-            return
-        s.lines += [f"    chunk_rows = tl.maximum(tl.minimum(rnumel, {literal(rows, torch.int64)} - "
-                    f"(xoffset // {self.k.shape[-1]}) * rnumel), 0)",
-                    "    rfull = chunk_rows // RBLOCK * RBLOCK"]
+        if is_symbolic(rows) or is_symbolic(chunk):
+            return None
+        c, b = self.k.full_index()[:2]
+        return rows, Ix.of(c) * chunk + b   # the row lower.split_reduction bounds, at this kernel's index
 
     def is_row_bound(self, v):
         """Whether `v` is the split's `row < rows` (lower.split_reduction) while the unmasked steps render."""
-        if self.rows_in_chunk is None or not isinstance(v, ir.Op) or v.name != "lt":
+        if self.row_bound is None or not isinstance(v, ir.Op) or v.name != "lt":
             return False
-        rows, chunk = self.rows_in_chunk
+        rows, row_index = self.row_bound
         row, bound = v.args
-        if not (isinstance(bound, ir.Const) and isinstance(row, ir.IndexValue) and bound.value == rows):
-            return False
-        c, b = self.k.full_index()[:2]
-        return row.index == Ix.of(c) * chunk + b
+        return isinstance(bound, ir.Const) and bound.value == rows and isinstance(row, ir.IndexValue) \
+            and row.index == row_index
 
     def store_rows_and_reductions(self, s, reds, rows):
         row_idx = None
