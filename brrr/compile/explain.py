@@ -56,13 +56,17 @@ class MatmulInfo:
     dtype: str
     runs_as: str               # "cuBLAS" | "[TMA ]template BLOCK_MxBLOCK_NxBLOCK_K"
     epilogue: list = field(default_factory=list)   # ATen ops fused after it
-    bytes_saved: int = 0       # the product's write and read (or its read alone, when it is also stored)
+    bytes_saved: int = 0       # the product's write and read (or its read alone, when it is also stored), and
+    #                            each operand's write and read where a prologue computes it
     kernel: str = ""
+    prologue: list = field(default_factory=list)   # ATen ops computing an operand in its K loop
 
     def __str__(self):
         text = f"[{self.graph}] {self.op} {self.size} {self.dtype}: {self.runs_as}"
-        if self.epilogue:
-            text += f" in {self.kernel} with epilogue {', '.join(self.epilogue)}; saves {_fmt(self.bytes_saved)}"
+        if self.epilogue or self.prologue:
+            fused = [f"{what} {', '.join(ops)}" for what, ops in (("prologue", self.prologue),
+                                                                   ("epilogue", self.epilogue)) if ops]
+            text += f" in {self.kernel} with {' and '.join(fused)}; saves {_fmt(self.bytes_saved)}"
         return text
 
 
@@ -262,8 +266,12 @@ def _matmul_info(kind, mm, ks):
     tile = f"{kind_of} {ks.meta['BLOCK_M']}x{ks.meta['BLOCK_N']}x{ks.meta['BLOCK_K']}"
     product = hint(tensor_bytes(mm.meta["fake"]))
     saved = product if mm in ks.stores else 2 * product
-    epilogue = [o for o in ks.ops if o not in mm.ops]
-    return MatmulInfo(kind, op, size, dtype, tile, epilogue, saved, ks.name)
+    roots = getattr(ks, "prologues", {}).values()
+    saved += sum(2 * hint(root.numel) * root.dtype.itemsize for root in roots)   # written once, read at least once
+    epilogue = getattr(ks, "epilogue_ops", None)
+    if epilogue is None:
+        epilogue = [o for o in ks.ops if o not in mm.ops]
+    return MatmulInfo(kind, op, size, dtype, tile, epilogue, saved, ks.name, list(getattr(ks, "prologue_ops", [])))
 
 
 def explain(fn_or_model, *inputs, train=False, dynamic=False):

@@ -11,8 +11,11 @@ The fused kernel runs where the consumer ran. It still stores the product when a
 outputs read it (a training forward saves a pre-activation for its backward); otherwise the product never
 reaches memory. Each refusal is recorded on the plan (explain lists it).
 
+An operand that only a cheap pointwise kernel makes, and only this matmul reads, is computed in the template's
+K loop instead (a prologue: `foldable_producers`, codegen/matmul_prologue.py); that kernel leaves the plan.
+
 Whether it pays is decided by matmul_choice.py (`BRRR_MATMUL_TEMPLATES`: off by default; "1" always fuses, "auto"
-times both ways on the GPU per problem, cached on disk). brrr has not measured either on a GPU yet.
+times the ways on the GPU per problem, cached on disk; measured in benchmarks/NOTES.md).
 """
 
 import torch
@@ -117,26 +120,39 @@ def fuse_matmul_epilogues(plan, kernels, interpreted, option=None):
             continue
         store_product = len(readers) > 1 or mm in outputs
         name = "brrr_mm_" + consumer.name.removeprefix("brrr_")
-        def fused_source(tma):
+        prologues = foldable_producers(plan, kernels, mm, a, b, t, outputs)
+
+        def fused_source(tma, prologues=prologues):
             return generate_fused(name, mm, a, b, bias, consumer, set(plan.stored),
                                   {n for n in plan.stored if n.kind == "pointwise" and n not in consumer.roots},
                                   {r: k for k_, k in plan.steps if k_ == "kernel" for r in k.roots},
-                                  store_product, interpreted, tma=tma)
+                                  store_product, interpreted, tma=tma, prologues=prologues)
         try:
-            src = fused_source(None)
+            plain = fused_source(None, {})   # every operand loaded
+            folded = None                    # operands computed by their producers' prologues
+            if prologues:
+                try:
+                    folded = fused_source(None)
+                except (EpilogueRefused, NotImplementedError) as e:
+                    plan.refusals.append((mm, f"matmul prologue: {e}"))
             tma = tma_tile(mm, a, interpreted)
             tma_src = None
             if tma is not None:
                 try:
-                    tma_src = fused_source(tma)
+                    tma_src = fused_source(tma, {})
                 except EpilogueRefused as e:   # the pointer template serves these operands
                     plan.refusals.append((mm, f"matmul epilogue with {consumer.name}: {e}"))
             if matmul_choice.mode(option) == "auto":
-                src, why = _timed(plan, mm, a, b, bias, src, kernels[consumer], tma_src)
+                producers = [kernels[k] for k, _ in prologues.values()] if folded is not None else []
+                src, why = _timed(plan, mm, a, b, bias, plain, kernels[consumer], tma_src, producers, folded)
                 if src is None:
                     raise EpilogueRefused(why)
-            elif tma_src is not None:
-                src = tma_src
+                if folded is not None and not getattr(src, "prologues", None):
+                    plan.refusals.append((mm, "matmul prologue: loading the operand from its producer timed "
+                                              "faster"))
+            else:   # "always": every fusion that can be made, in the TMA template where it runs
+                src = folded or tma_src or plain
+            prologues = {w: p for w, p in prologues.items() if w in getattr(src, "prologues", {})}
         except (EpilogueRefused, NotImplementedError, ValueError) as e:
             plan.refusals.append((mm, f"matmul epilogue with {consumer.name}: {e}"))
             continue
@@ -154,8 +170,68 @@ def fuse_matmul_epilogues(plan, kernels, interpreted, option=None):
         for v in sorted([v for v in views if v < t] + [i - 1], reverse=True):
             del plan.steps[v]
         i -= 1
+        if prologues:   # the operands' producers and their views: computed in the template's loop now
+            gone = [k for k, _ in prologues.values()] + [
+                s for k_, s in plan.steps if k_ == "aten" and any(ir.is_host_view(s) and root_of(s) is root
+                                                                  for _, root in prologues.values())]
+            dropped = [v for v, (_, s) in enumerate(plan.steps) if any(s is g for g in gone)]
+            for v in reversed(dropped):
+                del plan.steps[v]
+            i -= sum(1 for v in dropped if v < i)
+            for k, root in prologues.values():
+                del kernels[k]
+                plan.stored.discard(root)
         fused.append(step)
     return fused
+
+
+def foldable_producers(plan, kernels, mm, a, b, fused_at, outputs):
+    """{"a" | "b": (the pointwise kernel whose only output is that operand's memory, that memory's node)} for
+    operands of the 2-D product `mm` cheap enough to compute in the template's K loop instead of loading them
+    (codegen/matmul_prologue.py): nothing else reads the operand, the graph does not return it, and no step
+    before `fused_at` (where the fused kernel will run) writes what its producer reads. Each operand refused
+    for another reason than having no such producer is recorded on the plan."""
+    from brrr.compile.codegen.matmul_prologue import operand_value, refusal
+
+    if len(mm.shape) != 2:
+        return {}
+    found = {}
+    producer_of = {r: (v, s) for v, (k_, s) in enumerate(plan.steps) if k_ == "kernel"
+                   and not isinstance(s, FusedMatmul) for r in kernels[s].stores}
+    for which, x in (("a", a), ("b", b)):
+        root = root_of(x)
+        if root not in producer_of or root_of(a) is root_of(b):
+            continue
+        at, producer = producer_of[root]
+        why = None
+        if producer.dims or producer.closed or list(kernels[producer].stores) != [root]:
+            why = f"{producer.name} stores more than this operand, or reduces"
+        elif root in outputs:
+            why = f"{root.name} leaves the graph"
+        elif any(root_of(r) is root for k_, s in plan.steps
+                 if k_ != "kernel" or s is not producer
+                 if not (k_ == "aten" and (s is mm or (ir.is_host_view(s) and root_of(s) is root)))
+                 for r in step_reads(k_, s, kernels, plan.lowering)):
+            why = f"another step reads {root.name}"
+        else:
+            views = {root}
+            node = x
+            while node is not root:
+                views.add(node)
+                node = node.view_of
+            load_stored = {n for n in plan.stored if n.kind == "pointwise"} - views
+            value, _ = operand_value(which, x, load_stored)
+            why = refusal(value)
+            if why is None:
+                sources = {root_of(v.buf) for v in ir.walk(value) if isinstance(v, ir.Load)}
+                written = {root_of(w) for k_, s in plan.steps[at + 1:fused_at] for w in _writes(k_, s, kernels)}
+                if sources & written:
+                    why = "a step between its producer and the matmul writes what the producer read"
+        if why is not None:
+            plan.refusals.append((mm, f"matmul prologue of {x.name}: {why}"))
+            continue
+        found[which] = (producer, root)
+    return found
 
 
 TMA_INTERPRETED = False   # tests: fuse into the TMA template under the interpreter too
@@ -178,17 +254,18 @@ def tma_tile(mm, a, interpreted):
     return tma_config(m, n, a.shape[-1], mm.dtype, batch)
 
 
-def _timed(plan, mm, a, b, bias, fused, consumer_src, tma_fused=None):
+def _timed(plan, mm, a, b, bias, fused, consumer_src, tma_fused=None, producers=(), folded=None):
     """(the fused KernelSource at its fastest tile, None) when it beats cuBLAS + the consumer's kernel on this
-    GPU, else (None, why). Timed once per problem (matmul_choice.py), on real tensors: outside the fake and
-    functional modes AOTAutograd compiles under."""
+    GPU, else (None, why). `folded`: the fused kernel with operand prologues, timed against the others with
+    `producers` (the kernels those prologues replace) run before each of them. Timed once per problem
+    (matmul_choice.py), on real tensors: outside the fake and functional modes AOTAutograd compiles under."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():
-        return _timed_here(plan, mm, a, b, bias, fused, consumer_src, tma_fused)
+        return _timed_here(plan, mm, a, b, bias, fused, consumer_src, tma_fused, producers, folded)
 
 
-def _timed_here(plan, mm, a, b, bias, fused, consumer_src, tma_fused):
+def _timed_here(plan, mm, a, b, bias, fused, consumer_src, tma_fused, producers, folded):
     from brrr.compile.runtime import _device_name, load_kernel, tma_descriptor
 
     device = mm.meta["fake"].device
@@ -203,7 +280,9 @@ def _timed_here(plan, mm, a, b, bias, fused, consumer_src, tma_fused):
     tma_tiles = [t for t in TMA_CONFIGS if fits(t, mm.dtype)][:2] if tma_fused is not None else []
     name = _device_name(plan)
     key = matmul_choice.problem_key(name, fused.source, consumer_src.source, repr(tiles),
-                                    tma_fused.source if tma_fused is not None else "", repr(tma_tiles))
+                                    tma_fused.source if tma_fused is not None else "", repr(tma_tiles),
+                                    *[p.source for p in producers],
+                                    *([folded.source] if folded is not None else []))
     tensors = {}
 
     def tensor(node):
@@ -221,21 +300,31 @@ def _timed_here(plan, mm, a, b, bias, fused, consumer_src, tma_fused):
 
     operands = [tensor(x) for x in ((bias, a, b) if bias is not None else (a, b))]
     consumer = launch(consumer_src)
+    made = [launch(p) for p in producers]   # kernels every way but the folded one still runs
+
+    def after_producers(run):
+        if not made:
+            return run
+
+        def way():
+            for producer in made:
+                producer()
+            run()
+        return way
 
     def unfused():   # the consumer reads zeros where cuBLAS's product would be: the same work
         mm.fx.target(*operands)
         consumer()
 
-    ways = {"cublas": unfused}
+    ways = {"cublas": after_producers(unfused)}
     by_name = {}
-    for tile in tiles:
-        src = with_config(fused, tile, mm, k)
-        by_name[f"template {tile}"] = src
-        ways[f"template {tile}"] = launch(src)
-    for tile in tma_tiles:
-        src = with_config(tma_fused, tile, mm, k)
-        by_name[f"TMA template {tile}"] = src
-        ways[f"TMA template {tile}"] = launch(src)
+    for label, source, tile_list, run_producers in (("template", fused, tiles, True),
+                                                    ("TMA template", tma_fused, tma_tiles, True),
+                                                    ("prologue template", folded, tiles, False)):
+        for tile in tile_list if source is not None else ():
+            src = with_config(source, tile, mm, k)
+            by_name[f"{label} {tile}"] = src
+            ways[f"{label} {tile}"] = after_producers(launch(src)) if run_producers else launch(src)
     best = matmul_choice.choose(key, ways)
     tensors.clear()
     if best is None or best == "cublas":

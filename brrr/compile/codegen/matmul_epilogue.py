@@ -17,6 +17,7 @@ are baked in as constants, as in every brrr kernel.
 import torch
 
 from brrr.compile import ir
+from brrr.compile.codegen.matmul_prologue import render as render_prologue
 from brrr.compile.codegen.matmul_template import Epilogue, Tile, generate
 from brrr.compile.codegen.matmul_template_tma import DTYPES as TMA_DTYPES, descriptor_layout, generate_tma
 from brrr.compile.codegen.triton import Codegen, KernelSource, Scope, needs_int64
@@ -53,11 +54,16 @@ class _Rendered(Epilogue):
 
 
 def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_of, store_product, interpreted,
-                   tma=None):
+                   tma=None, prologues=None):
     """KernelSource of `consumer` (a pointwise Kernel) fused after the matmul `mm` (an Extern buffer node computing
     a @ b, plus `bias` for addmm: an IR node or None). Raises EpilogueRefused. `tma`: a TileConfig to run the
     TMA persistent template with (matmul_template_tma.py), when `tma_operands` takes the operands; else the
-    pointer template at `default_config`'s tile."""
+    pointer template at `default_config`'s tile. `prologues`: {"a" | "b": (the pointwise Kernel that stored the
+    operand's memory, that memory's node)} for operands computed in the K loop instead (matmul_prologue.py; the
+    pointer template only)."""
+    prologues = dict(prologues or {})
+    if prologues and tma is not None:
+        raise EpilogueRefused("TMA: an operand is computed by a prologue")
     batched = len(mm.shape) == 3
     batch, m, n = (mm.shape if batched else (1, *mm.shape))
     k = a.shape[-1]
@@ -70,7 +76,25 @@ def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_o
     cg = _TileCodegen(consumer, stored, load_stored, kernel_of, interpreted=interpreted)
     cg.product = mm
     cg.ops_nodes = set()
-    cg.inputs = {a: "in_ptr0", b: "in_ptr1"}
+    rendered, prologue_nodes = {}, set()
+    if not prologues:
+        cg.inputs = {a: "in_ptr0", b: "in_ptr1"}
+    for which, operand in (("a", a), ("b", b)) if prologues else ():
+        if which not in prologues:
+            cg.ptr(operand, cg.inputs, "in_ptr")
+            continue
+        producer, root = prologues[which]
+        views = {root}
+        node = operand
+        while node is not root:
+            views.add(node)
+            node = node.view_of
+        rendered[which], helpers, nodes, cg.counter = render_prologue(
+            which, operand, producer, stored, load_stored - views, kernel_of, cg.inputs, interpreted, cg.counter)
+        cg.helpers |= helpers
+        prologue_nodes |= nodes
+    a_name = None if "a" in rendered else cg.inputs[a]
+    b_name = None if "b" in rendered else cg.inputs[b]
     if bias is not None:
         cg.ptr(bias, cg.inputs, "in_ptr")
     if store_product:
@@ -94,19 +118,20 @@ def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_o
     head.append(f"acc_out = {tile.widen(tile.narrow('acc', mm.dtype), mm.dtype)}" if mm.dtype != torch.float32
                 else "acc_out = acc")
     cg.helpers |= tile.helpers
-    pointers = [p for p in list(cg.inputs.values()) + list(cg.outputs.values()) if p not in ("in_ptr0", "in_ptr1")
+    pointers = [p for p in list(cg.inputs.values()) + list(cg.outputs.values()) if p not in (a_name, b_name)
                 and not (store_product and p == "out_ptr0")]
     epilogue = _Rendered(consumer.name, pointers, head + scope.lines)
     order = list(cg.inputs.values()) + list(cg.outputs.values())
     args = list(cg.inputs) + list(cg.outputs)
-    ops = sorted({o for nd in cg.ops_nodes | {mm} for o in nd.ops if o not in ("view", "_unsafe_view", "alias")})
+    computed = cg.ops_nodes | {mm} | prologue_nodes
+    ops = sorted({o for nd in computed for o in nd.ops if o not in ("view", "_unsafe_view", "alias")})
     if tma is not None:
         a_t, b_t = tma_operands(mm, a, b)
         # the product (a fresh row-major buffer) leaves through a descriptor where its rows are 16-byte multiples
         store_descriptor = store_product and descriptor_layout((m, n), (n, 1), 0, mm.dtype.itemsize)
         source = generate_tma(mm.dtype, epilogue, wide=wide, interpreted=interpreted,
                               baked=dict(M=m, N=n, K=k, stride_om=n, stride_on=1),
-                              pointers=("in_ptr0", "in_ptr1", "out_ptr0"), store_product=store_product, name=name,
+                              pointers=(a_name, b_name, "out_ptr0"), store_product=store_product, name=name,
                               order=order, helpers=cg.helpers, store_descriptor=store_descriptor)
         src = KernelSource(name, source.source, args, (), {}, ops, 0, list(cg.outputs),
                            sorted(cg.ops_nodes | {mm}, key=lambda nd: nd.name))
@@ -120,11 +145,17 @@ def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_o
                  stride_om=n, stride_on=1)
     tf32 = mm.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     source = generate(mm.dtype, epilogue, tf32=tf32, wide=wide, interpreted=interpreted, baked=baked,
-                      pointers=("in_ptr0", "in_ptr1", "out_ptr0"), store_product=store_product, name=name,
-                      order=order, helpers=cg.helpers)
+                      pointers=(a_name, b_name, "out_ptr0"), store_product=store_product, name=name,
+                      order=order, helpers=cg.helpers, prologues=rendered)
     meta = config.meta(k)
-    return KernelSource(name, source.source, args, (config.tiles(m, n), batch), meta, ops, 0, list(cg.outputs),
-                        sorted(cg.ops_nodes | {mm}, key=lambda nd: nd.name))
+    src = KernelSource(name, source.source, args, (config.tiles(m, n), batch), meta, ops, 0, list(cg.outputs),
+                       sorted(computed, key=lambda nd: nd.name))
+    src.prologues = {which: root for which, (_, root) in prologues.items()}
+    src.epilogue_ops = sorted({o for nd in cg.ops_nodes for o in nd.ops if o not in ("view", "_unsafe_view", "alias")}
+                              - set(mm.ops))
+    src.prologue_ops = sorted({o for nd in prologue_nodes for o in nd.ops if o not in ("view", "_unsafe_view",
+                                                                                         "alias")})
+    return src
 
 
 INTERPRETED_SMS = 3   # programs of a persistent kernel under the interpreter: each walks several tiles
@@ -178,8 +209,12 @@ def with_config(src, config, mm, k):
     batch, m, n = mm.shape if len(mm.shape) == 3 else (1, *mm.shape)
     tma = getattr(src, "tma", None)
     if tma is None:
-        return KernelSource(src.name, src.source, src.args, (config.tiles(m, n), batch), config.meta(k), src.ops,
-                            src.bytes, src.stores, src.nodes)
+        out = KernelSource(src.name, src.source, src.args, (config.tiles(m, n), batch), config.meta(k), src.ops,
+                           src.bytes, src.stores, src.nodes)
+        for attr in ("prologues", "prologue_ops", "epilogue_ops"):
+            if hasattr(src, attr):
+                setattr(out, attr, getattr(src, attr))
+        return out
     meta = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
                 num_warps=config.num_warps, num_stages=config.num_stages, **tma)
     out = KernelSource(src.name, src.source, src.args, (max(1, min(tma["NUM_SMS"], config.tiles(m, n))),), meta,

@@ -32,6 +32,9 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh")   # mathops.OPS entries an `Activati
 LOCALS = ("a_ptr", "b_ptr", "out_ptr", "pid", "pid_b", "pid_m", "pid_n", "num_pid_m", "num_pid_n",
           "num_pid_in_group", "group_id", "first_pid_m", "group_size_m", "rm", "rn", "rk", "ram", "rbn", "a_ptrs",
           "b_ptrs", "acc", "k", "k_left", "a", "b", "mask")   # names the template's own code binds
+# the element an operand prologue computes: its row and its K index for A ([BLOCK_M, 1], [1, BLOCK_K]), its K
+# index and its column for B ([BLOCK_K, 1], [1, BLOCK_N])
+PROLOGUE_INDEX = {"a": ("xindex_am", "xindex_ak"), "b": ("xindex_bk", "xindex_bn")}
 
 
 @dataclass(frozen=True)
@@ -226,13 +229,15 @@ def grouped_tile(tile):
 
 def parameters(own, reserved, pointers, store_product, epilogue, order, what):
     """A template kernel's parameters in order: the pointers (`pointers` = (a, b, out) names, out only when
-    `store_product`) and the epilogue's, in `order` when the caller gives one, then the sizes and strides not
-    baked in (`own`). `reserved`: the template's constexprs and locals, which no epilogue parameter may take."""
+    `store_product`; an operand computed by a prologue has None, and its prologue's pointers come among the
+    epilogue's) and the epilogue's, in `order` when the caller gives one, then the sizes and strides not baked in
+    (`own`). `reserved`: the template's constexprs and locals, which no epilogue parameter may take."""
     a_name, b_name, out_name = pointers
-    taken = set(own + reserved + (a_name, b_name) + ((out_name,) if store_product else ())) & set(epilogue.params)
+    operands = tuple(p for p in (a_name, b_name) if p is not None)
+    taken = set(own + reserved + operands + ((out_name,) if store_product else ())) & set(epilogue.params)
     if taken:
         raise ValueError(f"epilogue {epilogue.name!r}: parameters {sorted(taken)} are the template's names")
-    pointer_params = (a_name, b_name) + ((out_name,) if store_product else ()) + tuple(epilogue.params)
+    pointer_params = operands + ((out_name,) if store_product else ()) + tuple(epilogue.params)
     if order is not None:
         if sorted(order) != sorted(pointer_params):
             raise ValueError(f"{what}: order {list(order)} is not a permutation of {list(pointer_params)}")
@@ -244,8 +249,19 @@ OWN = ("M", "N", "K", "stride_ab", "stride_am", "stride_ak", "stride_bb", "strid
        "stride_ob", "stride_om", "stride_on")   # the sizes and strides the template reads
 
 
+@dataclass(frozen=True)
+class Prologue:
+    """An operand computed in the K loop from what its producer read, instead of loaded (matmul_prologue.py
+    renders it): Triton statements assigning the operand's [BLOCK_M, BLOCK_K] (A) or [BLOCK_K, BLOCK_N] (B)
+    block, in the template's operand form, given the element's indices (PROLOGUE_INDEX) and, in `masked`, an
+    `xmask` of the K indices in range. `even`: the same for a K that BLOCK_K divides (no mask)."""
+
+    even: tuple
+    masked: tuple
+
+
 def generate(dtype, epilogue=None, *, tf32=False, wide=False, interpreted=False, baked=None, pointers=None,
-             store_product=True, name=None, order=None, helpers=()):
+             store_product=True, name=None, order=None, helpers=(), prologues=None):
     """Triton source of the matmul kernel for operands of `dtype`.
 
     tf32: fp32 operands multiply as TF32 on tensor cores (`torch.backends.cuda.matmul.allow_tf32`), else IEEE.
@@ -258,7 +274,8 @@ def generate(dtype, epilogue=None, *, tf32=False, wide=False, interpreted=False,
     store_product: False when only the epilogue's own stores leave the kernel (no `out` parameter then);
     name: the kernel's name;
     order: the pointer parameters in the order the caller passes them (the runtime's: inputs, then outputs);
-    helpers: shim helpers (codegen/shim.py) the epilogue's code calls.
+    helpers: shim helpers (codegen/shim.py) the epilogue's code calls;
+    prologues: {"a" | "b": Prologue} for operands computed in the loop (their pointer in `pointers` is None).
     """
     if dtype not in TL:
         raise NotImplementedError(f"matmul template: dtype {dtype} (supported: {DTYPES})")
@@ -282,9 +299,20 @@ def generate(dtype, epilogue=None, *, tf32=False, wide=False, interpreted=False,
         x = f"tl.load({ptrs}, mask={mask}, other=0.0)" if mask else f"tl.load({ptrs})"
         return tile.widen(x, dtype) if widen_operands else x
 
+    prologues = dict(prologues or {})
+    if any((a_name, b_name)[i] is None for i, w in enumerate("ab") if w not in prologues):
+        raise ValueError("matmul template: an operand has neither a pointer nor a prologue")
+
+    def operand(which, ptrs, mask):
+        if which in prologues:
+            return list((prologues[which].masked if mask else prologues[which].even))
+        return [f"{which} = {load(ptrs, mask)}"]
+
+    am, ak = PROLOGUE_INDEX["a"]
+    bk, bn = PROLOGUE_INDEX["b"]
     body = [f"{k} = {int(v)}" for k, v in baked.items()] + [
         f"{local} = {param}" for local, param in (("a_ptr", a_name), ("b_ptr", b_name), ("out_ptr", out_name))
-        if local != param and (local != "out_ptr" or store_product)] + [
+        if local != param and param is not None and (local != "out_ptr" or store_product)] + [
         "pid = tl.program_id(0)",
         f"pid_b = tl.program_id(1){i64}",
         "num_pid_m = tl.cdiv(M, BLOCK_M)",
@@ -297,20 +325,23 @@ def generate(dtype, epilogue=None, *, tf32=False, wide=False, interpreted=False,
         " mask but K's",
         "ram = rm % M",
         "rbn = rn % N",
-        "a_ptrs = a_ptr + pid_b * stride_ab + ram[:, None] * stride_am + rk[None, :] * stride_ak",
-        "b_ptrs = b_ptr + pid_b * stride_bb + rk[:, None] * stride_bk + rbn[None, :] * stride_bn",
+    ] + (["a_ptrs = a_ptr + pid_b * stride_ab + ram[:, None] * stride_am + rk[None, :] * stride_ak"]
+         if "a" not in prologues else [f"{am} = ram[:, None]"]) + (
+        ["b_ptrs = b_ptr + pid_b * stride_bb + rk[:, None] * stride_bk + rbn[None, :] * stride_bn"]
+        if "b" not in prologues else [f"{bn} = rbn[None, :]"]) + [
         "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
-        "for k in range(0, tl.cdiv(K, BLOCK_K)):",
-        "    if EVEN_K:",
-        f"        a = {load('a_ptrs')}",
-        f"        b = {load('b_ptrs')}",
+        "for k in range(0, tl.cdiv(K, BLOCK_K)):"] + (
+        [f"    {ak} = (k * BLOCK_K + rk)[None, :]"] if "a" in prologues else []) + (
+        [f"    {bk} = (k * BLOCK_K + rk)[:, None]"] if "b" in prologues else []) + [
+        "    if EVEN_K:"] + [
+        "        " + line for w, p in (("a", "a_ptrs"), ("b", "b_ptrs")) for line in operand(w, p, None)] + [
         "    else:",
-        "        k_left = K - k * BLOCK_K",
-        f"        a = {load('a_ptrs', 'rk[None, :] < k_left')}",
-        f"        b = {load('b_ptrs', 'rk[:, None] < k_left')}",
-        f"    {dot}",
-        "    a_ptrs += BLOCK_K * stride_ak",
-        "    b_ptrs += BLOCK_K * stride_bk",
+        "        k_left = K - k * BLOCK_K"] + [
+        "        " + line for w, p, m in (("a", "a_ptrs", "rk[None, :] < k_left"), ("b", "b_ptrs", "rk[:, None] < k_left"))
+        for line in operand(w, p, m)] + [
+        f"    {dot}"] + (
+        ["    a_ptrs += BLOCK_K * stride_ak"] if "a" not in prologues else []) + (
+        ["    b_ptrs += BLOCK_K * stride_bk"] if "b" not in prologues else []) + [
         "rm = rm[:, None]",
         "rn = rn[None, :]",
         "mask = (rm < M) & (rn < N)",
