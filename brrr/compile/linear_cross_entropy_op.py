@@ -21,7 +21,8 @@ Per chunk of rows (`chunk_rows`): one matmul makes the chunk's logits (cuBLAS, i
 linear does); one Triton kernel reads each row once (online max and sum-exp, the target logit, the row sum for
 label smoothing); for gradients, one more reads each row again and writes softmax - one-hot, times the loss's
 gradient over the count for a mean, over it in place; then the input-gradient rows (one matmul) and the weight's
-gradient (one matmul; over several chunks accumulated into an fp32 buffer, beta=1, and rounded once at the end).
+gradient (one matmul; over several chunks summed in an fp32 buffer, the first chunk written over it (beta=0,
+no zero fill), the others added (beta=1), rounded once at the end).
 A vocabulary whose logits rows are not 16-byte aligned has its logits made transposed, [vocab, rows] (`_Head`):
 the row kernels then read [vocabulary x rows] tiles, the statistics split over segments of the vocabulary. Where
 Triton cannot run (a CPU tensor without TRITON_INTERPRET=1, as when explain runs a graph) the per-row math runs as
@@ -422,8 +423,8 @@ def _gradient_buffers(x, head, grad_x, grad_weight, grad_bias):
     (each sum rounded to bf16 would add one rounding per chunk to eager's one); the bias's, in fp32."""
     if not grad_weight:
         weight_grad = head.weight.new_empty(0)
-    elif head.several:
-        weight_grad = torch.zeros(head.weight.shape, dtype=_accumulator(x), device=x.device)
+    elif head.several:   # the first chunk's product is written over it (beta = 0): no zero fill of the sum
+        weight_grad = torch.empty(head.weight.shape, dtype=_accumulator(x), device=x.device)
     else:
         weight_grad = torch.empty_like(head.weight, memory_format=torch.contiguous_format)
     return (torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else x.new_empty(0),
@@ -439,15 +440,17 @@ def _gradients_returned(gradients, head, bias):
     return gx, gw, gb.to(bias.dtype) if gb.numel() else gb
 
 
-def _accumulate(acc, a, b):
-    """acc += a @ b with `acc` in fp32 and a, b in a half type: cuBLAS's fp32-output matmul where torch has one
-    for the device, else a matmul of fp32 copies (the CPU, where tests run)."""
+def _accumulate(acc, a, b, first):
+    """acc += a @ b (acc = a @ b for the `first` chunk: beta = 0 reads nothing of acc, NaN or not) with `acc` in
+    fp32 and a, b in a half type: cuBLAS's fp32-output matmul where torch has one for the device, else a matmul of
+    fp32 copies (the CPU, where tests run)."""
+    beta = 0 if first else 1
     if acc.dtype == a.dtype:
-        acc.addmm_(a, b)
+        acc.addmm_(a, b, beta=beta)
     elif acc.is_cuda and _ADDMM_OUT_DTYPE:
-        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+        torch.addmm(acc, a, b, beta=beta, out_dtype=acc.dtype, out=acc)
     else:
-        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype), beta=beta)
 
 
 def _add_gradients(grad_logits, start, stop, xc, head, gx, gw, gb):
@@ -457,7 +460,7 @@ def _add_gradients(grad_logits, start, stop, xc, head, gx, gw, gb):
         torch.mm(grad_logits, head.weight, out=gx[start:stop])
     if gw.numel():
         if head.several:
-            _accumulate(gw, grad_logits.t(), xc)
+            _accumulate(gw, grad_logits.t(), xc, first=start == 0)
         else:   # the only chunk: one product, rounded once
             torch.mm(grad_logits.t(), xc, out=gw)
     if gb.numel():

@@ -450,3 +450,19 @@ def test_hugging_face_heads_and_losses_are_rewritten_and_train_as_eager(always, 
     torch.testing.assert_close(loss, step(model, ids, labels))
     for (name, p), q in zip(model.named_parameters(), ours.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("way", [_fused, _fused_with_grads])
+def test_the_weight_gradient_sum_is_written_by_its_first_chunk_not_zero_filled(row_math, monkeypatch, way):
+    """The sum over chunks starts from whatever memory holds (NaN here): the first chunk's product overwrites it."""
+    made = op._gradient_buffers
+
+    def garbage(*args):
+        gx, gw, gb = made(*args)
+        gw.fill_(float("nan"))
+        return gx, gw, gb
+    monkeypatch.setattr(op, "_gradient_buffers", garbage)
+    x, w, b, t = _inputs(torch.float32)
+    assert op.chunk_rows(x.shape[0], VOCAB, HIDDEN, 4) < x.shape[0]   # several chunks
+    for got, want in zip(way(x, w, b, t), _reference(x, w, b, t)):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
