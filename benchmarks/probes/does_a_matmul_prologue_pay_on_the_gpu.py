@@ -48,6 +48,14 @@ def scaled_input(x, w):
     return torch.sigmoid((x * 0.125) @ w)
 
 
+def cast_input(x, w, b):
+    return F.gelu(F.linear(x.to(torch.bfloat16), w, b))
+
+
+def scaled_weight(x, w):
+    return torch.sigmoid(x @ (w * 0.125))
+
+
 def cases():
     g = torch.Generator(device="cuda").manual_seed(0)
     bf16 = torch.bfloat16
@@ -59,6 +67,9 @@ def cases():
                                                        r(n))
     for m, n, k in ((4096, 4096, 4096), (512, 512, 512)):
         yield f"scaled input {m}x{n}x{k}", scaled_input, (r(m, k), r(k, n, scale=k ** -0.5))
+        yield f"scaled weight {m}x{n}x{k}", scaled_weight, (r(m, k), r(k, n, scale=k ** -0.5))
+    for m, n, k in ((8192, 3072, 768), (1024, 1024, 1024)):
+        yield f"cast input {m}x{n}x{k}", cast_input, (r(m, k, dtype=torch.float32), r(n, k, scale=k ** -0.5), r(n))
 
 
 def compiled(fn, **opts):
