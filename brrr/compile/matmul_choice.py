@@ -4,9 +4,11 @@ and with which tile: by timing, once per problem, cached on disk (matmul_fusion 
 `brrr.compile(model, matmul_templates=...)` ("off", "always", "auto"), else `BRRR_MATMUL_TEMPLATES` (0, 1, auto),
 says how matmul_fusion decides:
 - unset or "0": never fuse (every matmul a cuBLAS Extern), the default until GPU measurements say otherwise;
-- "1": fuse wherever the epilogue can, with `matmul_configs.default_config`'s tile (tests, probes);
+- "1": fuse wherever the epilogue can, with `matmul_configs.default_config`'s tile, operand prologues folded
+  wherever they can be (tests, probes);
 - "auto": on a GPU, time cuBLAS + the epilogue's own kernel against the fused kernel at up to `MAX_TILES`
-  candidate tiles, on zero-filled tensors of the graph's shapes and strides, and keep the fastest. Elsewhere
+  candidate tiles (and the kernel with operand prologues at as many, the others then running the operands'
+  producers first), on zero-filled tensors of the graph's shapes and strides, and keep the fastest. Elsewhere
   (no GPU to time on) it does not fuse.
 
 Choices are kept per device, torch and Triton versions, and the two ways' kernel sources (which bake in every
