@@ -204,8 +204,11 @@ def foldable_producers(plan, kernels, mm, a, b, fused_at, outputs):
             continue
         at, producer = producer_of[root]
         why = None
-        if producer.dims or producer.closed or list(kernels[producer].stores) != [root]:
-            why = f"{producer.name} stores more than this operand, or reduces"
+        others = [n.name for n in kernels[producer].stores if n is not root]
+        if others:
+            why = f"{producer.name}, its producer, also stores {', '.join(others)}"
+        elif producer.dims or producer.closed:
+            why = f"{producer.name}, its producer, reduces or accumulates"
         elif root in outputs:
             why = f"{root.name} leaves the graph"
         elif any(root_of(r) is root for k_, s in plan.steps
