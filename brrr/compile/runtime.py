@@ -259,7 +259,7 @@ class CompiledGraph:
                     self.lent = bool(graphed.lend)
                     return out
                 if not graphed.usable:
-                    self.graphed = None
+                    self._drop_graph()
             return self.call(args, True) if self.owns_inputs else self.call(args)
         out = self._first_call(args)
         self.verified = True
@@ -320,8 +320,18 @@ class CompiledGraph:
 
     def _settle_trial(self, trial):
         self.trial = None
+        if self.shape_key is not None:
+            self.shapes[self.shape] = (self.graphed, None)
         if not trial.replay:
-            self.graphed = None   # its memory goes once no loan holds it
+            self._drop_graph()
+
+    def _drop_graph(self):
+        """Launch from now on (at this shape): the CUDA graph, its static inputs and outputs, go once no loan
+        holds them. A shape's entry lets go of it too: kept there, a graph a trial turned down held its outputs
+        (a training forward's saved tensors) while the same shape launched beside it."""
+        self.graphed = None
+        if self.shape_key is not None and self.shape in self.shapes:
+            self.shapes[self.shape] = (None, self.shapes[self.shape][1])
 
     def _first_call(self, args):
         """The first call checks what brrr made. A kernel that fails to compile or launch has the graph

@@ -123,3 +123,29 @@ def test_only_a_graph_with_size_symbols_gets_a_shape_key(placeholders_symbolic):
         assert key is None
     else:
         assert key([torch.empty(9, 4)]) == (9,)
+
+
+@pytest.mark.parametrize("replays", [True, False])
+def test_a_graph_its_trial_turns_down_is_let_go_at_once(fake_cuda_graphs, monkeypatch, replays):
+    """A shape whose trial decides to launch drops its CUDA graph (and the outputs it holds) then, not at the next
+    change of shape; a shape that replays keeps it."""
+    import gc
+    import weakref
+
+    monkeypatch.setattr(replay_choice, "DECISIONS", [])
+    monkeypatch.setattr(replay_choice, "MARGIN", 1e9 if replays else 0.0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    g, w = graph(cuda_graphs="auto"), torch.randn(4)
+    check(g, 3, w)
+    graphed = weakref.ref(g.shapes[(3,)][0])
+    for _ in range(replay_choice.TRIAL_CALLS):
+        check(g, 3, w)
+    (decision,) = replay_choice.DECISIONS
+    assert decision.replay == replays
+    gc.collect()
+    assert (graphed() is not None) == replays and (g.shapes[(3,)][0] is not None) == replays
+    assert g.shapes[(3,)][1] is None   # decided: no trial left
+    before = fake_cuda_graphs.replays
+    for _ in range(2):
+        check(g, 3, w)
+    assert fake_cuda_graphs.replays - before == (2 if replays else 0)   # shape 3 replays only if it won
