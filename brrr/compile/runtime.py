@@ -320,7 +320,7 @@ class CompiledGraph:
 
     def _settle_trial(self, trial):
         self.trial = None
-        if self.shape_key is not None:
+        if self.shape_key is not None and self.shape in self.shapes:
             self.shapes[self.shape] = (self.graphed, None)
         if not trial.replay:
             self._drop_graph()
