@@ -266,12 +266,9 @@ def _matmul_info(kind, mm, ks):
     tile = f"{kind_of} {ks.meta['BLOCK_M']}x{ks.meta['BLOCK_N']}x{ks.meta['BLOCK_K']}"
     product = hint(tensor_bytes(mm.meta["fake"]))
     saved = product if mm in ks.stores else 2 * product
-    roots = getattr(ks, "prologues", {}).values()
-    saved += sum(2 * hint(root.numel) * root.dtype.itemsize for root in roots)   # written once, read at least once
-    epilogue = getattr(ks, "epilogue_ops", None)
-    if epilogue is None:
-        epilogue = [o for o in ks.ops if o not in mm.ops]
-    return MatmulInfo(kind, op, size, dtype, tile, epilogue, saved, ks.name, list(getattr(ks, "prologue_ops", [])))
+    # each prologue's operand: written once, read at least once
+    saved += sum(2 * hint(root.numel) * root.dtype.itemsize for root in ks.prologues.values())
+    return MatmulInfo(kind, op, size, dtype, tile, list(ks.epilogue_ops), saved, ks.name, list(ks.prologue_ops))
 
 
 def explain(fn_or_model, *inputs, train=False, dynamic=False):

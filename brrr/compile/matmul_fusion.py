@@ -191,7 +191,7 @@ def foldable_producers(plan, kernels, mm, a, b, fused_at, outputs):
     (codegen/matmul_prologue.py): nothing else reads the operand, the graph does not return it, and no step
     before `fused_at` (where the fused kernel will run) writes what its producer reads. Each operand refused
     for another reason than having no such producer is recorded on the plan."""
-    from brrr.compile.codegen.matmul_prologue import operand_value, refusal
+    from brrr.compile.codegen.matmul_prologue import operand_value, operand_views, refusal
 
     if len(mm.shape) != 2:
         return {}
@@ -217,12 +217,7 @@ def foldable_producers(plan, kernels, mm, a, b, fused_at, outputs):
                  for r in step_reads(k_, s, kernels, plan.lowering)):
             why = f"another step reads {root.name}"
         else:
-            views = {root}
-            node = x
-            while node is not root:
-                views.add(node)
-                node = node.view_of
-            load_stored = {n for n in plan.stored if n.kind == "pointwise"} - views
+            load_stored = {n for n in plan.stored if n.kind == "pointwise"} - operand_views(x, root)
             value, _ = operand_value(which, x, load_stored)
             why = refusal(value)
             if why is None:

@@ -17,10 +17,10 @@ are baked in as constants, as in every brrr kernel.
 import torch
 
 from brrr.compile import ir
-from brrr.compile.codegen.matmul_prologue import render as render_prologue
+from brrr.compile.codegen.matmul_prologue import operand_views, render as render_prologue
 from brrr.compile.codegen.matmul_template import Epilogue, Tile, generate
 from brrr.compile.codegen.matmul_template_tma import DTYPES as TMA_DTYPES, descriptor_layout, generate_tma
-from brrr.compile.codegen.triton import Codegen, KernelSource, Scope, needs_int64
+from brrr.compile.codegen.triton import Codegen, KernelSource, Scope, needs_int64, op_names
 from brrr.compile.matmul_configs import default_config
 
 
@@ -84,13 +84,9 @@ def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_o
             cg.ptr(operand, cg.inputs, "in_ptr")
             continue
         producer, root = prologues[which]
-        views = {root}
-        node = operand
-        while node is not root:
-            views.add(node)
-            node = node.view_of
         rendered[which], helpers, nodes, cg.counter = render_prologue(
-            which, operand, producer, stored, load_stored - views, kernel_of, cg.inputs, interpreted, cg.counter)
+            which, operand, producer, stored, load_stored - operand_views(operand, root), kernel_of, cg.inputs,
+            interpreted, cg.counter)
         cg.helpers |= helpers
         prologue_nodes |= nodes
     a_name = None if "a" in rendered else cg.inputs[a]
@@ -124,7 +120,10 @@ def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_o
     order = list(cg.inputs.values()) + list(cg.outputs.values())
     args = list(cg.inputs) + list(cg.outputs)
     computed = cg.ops_nodes | {mm} | prologue_nodes
-    ops = sorted({o for nd in computed for o in nd.ops if o not in ("view", "_unsafe_view", "alias")})
+    ops = op_names(computed)
+    fused_ops = dict(prologues={which: root for which, (_, root) in prologues.items()},
+                     prologue_ops=op_names(prologue_nodes),
+                     epilogue_ops=sorted(set(op_names(cg.ops_nodes)) - set(mm.ops)))
     if tma is not None:
         a_t, b_t = tma_operands(mm, a, b)
         # the product (a fresh row-major buffer) leaves through a descriptor where its rows are 16-byte multiples
@@ -136,6 +135,7 @@ def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_o
         src = KernelSource(name, source.source, args, (), {}, ops, 0, list(cg.outputs),
                            sorted(cg.ops_nodes | {mm}, key=lambda nd: nd.name))
         src.tma = dict(A_T=a_t, B_T=b_t, NUM_SMS=_sms(mm))
+        vars(src).update(fused_ops)
         src.stored_through = args.index(mm) if store_descriptor else None
         return with_config(src, tma, mm, k)
     config = default_config(m, n, k, mm.dtype, batch)
@@ -150,11 +150,7 @@ def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_o
     meta = config.meta(k)
     src = KernelSource(name, source.source, args, (config.tiles(m, n), batch), meta, ops, 0, list(cg.outputs),
                        sorted(computed, key=lambda nd: nd.name))
-    src.prologues = {which: root for which, (_, root) in prologues.items()}
-    src.epilogue_ops = sorted({o for nd in cg.ops_nodes for o in nd.ops if o not in ("view", "_unsafe_view", "alias")}
-                              - set(mm.ops))
-    src.prologue_ops = sorted({o for nd in prologue_nodes for o in nd.ops if o not in ("view", "_unsafe_view",
-                                                                                         "alias")})
+    vars(src).update(fused_ops)
     return src
 
 
@@ -211,9 +207,7 @@ def with_config(src, config, mm, k):
     if tma is None:
         out = KernelSource(src.name, src.source, src.args, (config.tiles(m, n), batch), config.meta(k), src.ops,
                            src.bytes, src.stores, src.nodes)
-        for attr in ("prologues", "prologue_ops", "epilogue_ops"):
-            if hasattr(src, attr):
-                setattr(out, attr, getattr(src, attr))
+        _keep_fused_ops(src, out)
         return out
     meta = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
                 num_warps=config.num_warps, num_stages=config.num_stages, **tma)
@@ -221,12 +215,21 @@ def with_config(src, config, mm, k):
                        src.ops, src.bytes, src.stores, src.nodes)
     out.tma = tma
     out.stored_through = getattr(src, "stored_through", None)
+    _keep_fused_ops(src, out)
     a_block = (config.block_k, config.block_m) if tma["A_T"] else (config.block_m, config.block_k)
     b_block = (config.block_n, config.block_k) if tma["B_T"] else (config.block_k, config.block_n)
     out.descriptors = {0: (a_block, tma["A_T"]), 1: (b_block, tma["B_T"])}
     if out.stored_through is not None:
         out.descriptors[out.stored_through] = ((config.block_m, config.block_n // 2), False)
     return out
+
+
+FUSED_OPS = ("prologues", "prologue_ops", "epilogue_ops")   # what generate_fused records of a fused kernel
+
+
+def _keep_fused_ops(src, out):
+    for attr in FUSED_OPS:
+        setattr(out, attr, getattr(src, attr))
 
 
 def strides_of(node):

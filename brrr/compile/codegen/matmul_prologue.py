@@ -33,6 +33,16 @@ def operand_index(which, operand):
     return [Ix.var(first, operand.shape[0]), Ix.var(second, operand.shape[1])]
 
 
+def operand_views(operand, root):
+    """The operand and the host views between it and `root`, the memory they view, root included: what a prologue
+    computes instead of loading."""
+    views, node = {root}, operand
+    while node is not root:
+        views.add(node)
+        node = node.view_of
+    return views
+
+
 def operand_value(which, operand, load_stored):
     """The Value of a 2-D operand's element, as its producer computes it (through the operand's views), and the
     IR nodes that computation runs."""
@@ -78,14 +88,13 @@ def render(which, operand, producer, stored, load_stored, kernel_of, inputs, int
     kernel's pointer table (node -> in_ptr name), which the prologue's loads join."""
     dtype = operand.dtype
     widen = dtype == torch.bfloat16 and interpreted   # the template's own bf16 loads are widened there too
-    branches, helpers, nodes = [], set(), set()
+    value, nodes = operand_value(which, operand, load_stored)
+    branches, helpers = [], set()
     for even in (True, False):
         cg = Codegen(producer, stored, load_stored, kernel_of, interpreted=interpreted)
         cg.inputs, cg.counter = inputs, counter
         cg.x_full = even   # rows wrap inside the operand; only the K tail masks
         cg.y_full = True   # a transpose's tiled producer: its tiles are the template's now
-        value, touched = operand_value(which, operand, load_stored)
-        nodes |= touched
         scope = Scope(indent="")
         name, _ = cg.value(scope, value)
         rounded = cg.narrow(name, dtype) if compute_dtype(dtype) != dtype else name

@@ -68,6 +68,11 @@ def next_pow2(n):
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+def op_names(nodes):
+    """The ATen ops IR `nodes` compute, sorted, less the views that move no data (what explain lists)."""
+    return sorted({o for n in nodes for o in n.ops if o not in ("view", "_unsafe_view", "alias")})
+
+
 def exact_step(rows, rblock):
     """`rblock`, or the longest shorter step down to COLUMN_MIN_RBLOCK that divides a static `rows`: a loop whose
     steps tile its rows loads unmasked, and ptxas keeps several of those loads in flight."""
@@ -750,10 +755,7 @@ def generate(kernel, stored, load_stored, kernel_of):
     src = "\n".join(["import triton", "import triton.language as tl", "", comment, prelude(cg.helpers), "",
                      f"@triton.jit{f'(do_not_specialize={symbols})' if symbols else ''}",
                      f"def {kernel.name}({sig}):"] + body) + "\n"
-    ops = []
-    for n in sorted(cg.ops_nodes, key=lambda n: n.name):
-        ops.extend(o for o in n.ops if o not in ("view", "_unsafe_view", "alias"))
-    out = KernelSource(kernel.name, src, args, meta.pop("grid"), meta, sorted(set(ops)), 0,
+    out = KernelSource(kernel.name, src, args, meta.pop("grid"), meta, op_names(cg.ops_nodes), 0,
                        list(cg.outputs), sorted(cg.ops_nodes, key=lambda n: n.name))
     out.symbols = symbols
     return out, cg.external_reduce_refs
