@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-import brrr  # noqa: F401  (registers the backend)
+from brrr.bench.backends import fresh_compile
 from brrr.bench.timing import time_graph
 from brrr.compile import lower
 from brrr.compile.codegen import triton as codegen
@@ -74,9 +74,8 @@ def main():
         cells = []
         for rule in RULES:
             apply(rule)
-            torch._dynamo.reset()
             SEEN.clear()
-            compiled = torch.compile(fn, backend="brrr", dynamic=False)
+            compiled = fresh_compile(fn, "brrr", dynamic=False)
             want = fn(x.double()) if "var_mean" in label else fn(x.double())
             got = compiled(x)
             got = got if isinstance(got, tuple) else (got,)
