@@ -44,10 +44,11 @@ def process_group():
         return None
 
 
-def agree(label, launch_s, replay_s, group=None, timeout_s=TIMEOUT_S):
-    """Publish this rank's least periods for the graph `label` (replay_s None: it cannot replay) and return
-    (largest launched period, largest replayed period or None if some rank cannot replay, ranks), or None when
-    there is no group of several ranks or a peer did not answer for this graph within `timeout_s`."""
+def agree(label, launch_s, replay_s, host_s=None, group=None, timeout_s=TIMEOUT_S):
+    """Publish this rank's least periods for the graph `label` (replay_s None: it cannot replay) and the host
+    time of its launched calls, and return (largest launched period, largest replayed period or None if some
+    rank cannot replay, ranks, largest host time or None if some rank has none), or None when there is no
+    group of several ranks or a peer did not answer for this graph within `timeout_s`."""
     group = group if group is not None else process_group()
     if group is None:
         return None
@@ -55,10 +56,11 @@ def agree(label, launch_s, replay_s, group=None, timeout_s=TIMEOUT_S):
     count = _COUNTS.get((label, rank), 0)
     _COUNTS[label, rank] = count + 1
     prefix = f"brrr/replay/{label}/{count}/"
-    store.set(prefix + str(rank), json.dumps({"label": label, "launch": launch_s, "replay": replay_s}))
+    store.set(prefix + str(rank), json.dumps({"label": label, "launch": launch_s, "replay": replay_s,
+                                                   "host": host_s}))
     if replay_s is None:   # this rank launches whatever the others timed; they read that here
         return None
-    launches, replays = [], []
+    launches, replays, hosts = [], [], []
     for peer in range(world):
         key = prefix + str(peer)
         try:
@@ -70,5 +72,8 @@ def agree(label, launch_s, replay_s, group=None, timeout_s=TIMEOUT_S):
             return None
         launches.append(got["launch"])
         replays.append(got["replay"])
+        hosts.append(got.get("host"))
     replay_all = None if any(r is None for r in replays) else max(replays)
-    return max(t for t in launches if t is not None), replay_all, world   # None: a rank that never timed launching
+    host_all = None if any(h is None for h in hosts) else max(hosts)
+    # launches: None from a rank that never timed launching
+    return max(t for t in launches if t is not None), replay_all, world, host_all

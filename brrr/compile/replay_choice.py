@@ -7,9 +7,15 @@ GPU waiting; it costs when the GPU is the bottleneck. Which one holds depends on
 graph: the seed MLP's train step is host-bound on one H100 host and nearly balanced on another, and a Python
 backward runs slower on autograd's device thread than the same code on the main thread. So brrr does not
 guess: after the first call (which checks the kernels) a graph is captured, then launches its kernels and
-replays in turn, SAMPLES calls each way, and keeps replaying only when its cheapest replayed call costs less
-than MARGIN of its cheapest launched one (a busy host only ever adds time: on the lent H100 hosts one step of
-the same program varies by up to 2x from call to call).
+replays in turn, SAMPLES calls each way, and keeps replaying when its cheapest replayed call costs less than
+MARGIN of its cheapest launched one (a busy host only ever adds time: on the lent H100 hosts one step of the
+same program varies by up to 2x from call to call).
+
+It also keeps replaying a graph whose replays cost no more than its launches when launching keeps the host busy
+for at least HOST_BOUND of the launched period: the GPU then waits on the host as soon as the host slows (other
+processes, a data loader, Python's collector), and a replay does not. Qwen2-0.5B's training step launched on a
+4.6% saving, its trial's best periods 33.8 ms launched against 32.2 replayed; timed in the zoo beside three other
+workers it then took 43.4 ms a step launched against 33.2 replayed (benchmarks/NOTES.md, 2026-11-27).
 
 What a call costs is the loop's period, not the call alone: from the call's start, with the GPU idle (the trial
 synchronizes there), to the start of the graph's next call, once the GPU has finished all the work queued
@@ -39,7 +45,9 @@ from brrr.compile import among_ranks
 SAMPLES = 5          # timed calls each way
 TRIAL_CALLS = 1 + 1 + 2 * SAMPLES + 1   # the checking call, the capture, the timed calls in turn, and the
                                         # call whose start ends the last period and takes the verdict
-MARGIN = 0.95        # a replay must save 5%: less is within a host's noise, and replays hold memory
+MARGIN = 0.95        # a replay must save 5%: less is within a host's noise, and replays hold memory ...
+HOST_BOUND = 0.5     # ... unless launching holds the host this share of a launched period (a host at half the
+                     # speed, as the lent hosts' steps vary, would then keep the GPU waiting)
 
 DECISIONS = []       # Decision records, process-wide, in the order they were made
 
@@ -52,14 +60,16 @@ class Decision:
     replay_s: float | None     # least period of a call replaying the CUDA graph (None: it could not replay)
     reason: str
     sizes: tuple | None = None   # a graph planned at symbolic sizes decides per shape: this call's sizes
+    host_s: float | None = None  # least host time of a launched period's calls (a forward's: with its backward)
 
     def __str__(self):
         at = "" if self.sizes is None else f" at sizes {', '.join(map(str, self.sizes))}"
         if self.replay_s is None:
             return f"{self.graph} graph{at}: launches its kernels ({self.reason})"
         verb = "replays a CUDA graph" if self.replay else "launches its kernels"
+        host = "" if self.host_s is None else f", the host busy {self.host_s * 1e6:.0f} us of a launched one"
         return (f"{self.graph} graph{at}: {verb} ({self.reason}: a call's period {self.launch_s * 1e6:.0f} us "
-                f"launching, {self.replay_s * 1e6:.0f} us replaying)")
+                f"launching, {self.replay_s * 1e6:.0f} us replaying{host})")
 
 
 def log(decision):
@@ -81,6 +91,8 @@ class ReplayTrial:
         if leader is not None:
             leader.followers.append(self)
         self.launched, self.replayed = [], []   # periods, seconds
+        self.hosts = []          # host seconds in the launched calls of each launched period
+        self.host_open = 0.0     # ... of the period still running
         self.captured = False
         self.turns = 0
         self.replay = None
@@ -105,7 +117,11 @@ class ReplayTrial:
         if self.leader is None:
             self.open = (time.perf_counter(), replaying)
         if not replaying:
-            return call(args), False
+            started = time.perf_counter()
+            out = call(args)
+            timing = self if self.leader is None else self.leader
+            timing.host_open += time.perf_counter() - started
+            return out, False
         out = graphed(args)
         if out is not None:
             return out, True
@@ -120,7 +136,9 @@ class ReplayTrial:
         torch.cuda.synchronize()   # the period ends once the GPU has done everything queued since it began
         start, replayed = self.open
         (self.replayed if replayed else self.launched).append(time.perf_counter() - start)
-        self.open = None
+        if not replayed:
+            self.hosts.append(self.host_open)
+        self.open, self.host_open = None, 0.0
 
     def _cannot_replay(self):
         if self.leader is None and self.label is not None:   # the other ranks then launch it too
@@ -129,24 +147,27 @@ class ReplayTrial:
 
     def _decide_by_periods(self):
         launch_s, replay_s = min(self.launched), min(self.replayed)
+        host_s = min(self.hosts) if self.hosts else None
         ranks = ""
-        agreed = among_ranks.agree(self.label, launch_s, replay_s) if self.label is not None else None
+        agreed = among_ranks.agree(self.label, launch_s, replay_s, host_s) if self.label is not None else None
         if self.label is not None and agreed is None:
             ranks = ", by this rank's periods alone: the other ranks did not answer for this graph"
         elif agreed is not None:
-            launch_s, replay_s, world = agreed
+            launch_s, replay_s, world, host_s = agreed
             if replay_s is None:
                 self._decide(False, f"a rank cannot capture or replay its CUDA graph: all {world} ranks launch")
                 return
             ranks = f", the slowest of {world} ranks"
-        wins = replay_s < MARGIN * launch_s
+        faster = replay_s < MARGIN * launch_s
+        host_bound = not faster and host_s is not None and replay_s <= launch_s and host_s >= HOST_BOUND * launch_s
         with_backward = " over whole steps with its backward" if self.followers else ""
-        reason = ("faster replayed" if wins else "not faster replayed") + with_backward + ranks
-        self._decide(wins, reason, launch_s, replay_s)
+        reason = ("faster replayed" if faster else "as fast replayed, and launching holds the host" if host_bound
+                  else "not faster replayed") + with_backward + ranks
+        self._decide(faster or host_bound, reason, launch_s, replay_s, host_s)
 
-    def _decide(self, replay, reason, launch_s=None, replay_s=None):
+    def _decide(self, replay, reason, launch_s=None, replay_s=None, host_s=None):
         self.replay = replay
-        log(Decision(self.kind, replay, launch_s, replay_s, reason, self.sizes))
+        log(Decision(self.kind, replay, launch_s, replay_s, reason, self.sizes, host_s))
         for follower in self.followers:   # they replay only beside this graph's replays
             if follower.replay is None:
-                follower._decide(replay, f"as its {self.kind} graph", launch_s, replay_s)
+                follower._decide(replay, f"as its {self.kind} graph", launch_s, replay_s, host_s)

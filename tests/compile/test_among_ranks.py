@@ -27,9 +27,9 @@ def _in_ranks(*calls):
 
 def test_every_rank_takes_the_slowest_ranks_periods():
     store = dist.HashStore()
-    got = _in_ranks(lambda: among_ranks.agree("forward:a", 2.0e-3, 1.5e-3, group=(store, 0, 2)),
-                    lambda: among_ranks.agree("forward:a", 3.0e-3, 2.9e-3, group=(store, 1, 2)))
-    assert got == [(3.0e-3, 2.9e-3, 2), (3.0e-3, 2.9e-3, 2)]
+    got = _in_ranks(lambda: among_ranks.agree("forward:a", 2.0e-3, 1.5e-3, 1.9e-3, group=(store, 0, 2)),
+                    lambda: among_ranks.agree("forward:a", 3.0e-3, 2.9e-3, 0.5e-3, group=(store, 1, 2)))
+    assert got == [(3.0e-3, 2.9e-3, 2, 1.9e-3), (3.0e-3, 2.9e-3, 2, 1.9e-3)]   # the busiest host too
 
 
 def test_a_rank_that_cannot_replay_makes_every_rank_launch():
@@ -37,7 +37,7 @@ def test_a_rank_that_cannot_replay_makes_every_rank_launch():
     got = _in_ranks(lambda: among_ranks.agree("forward:b", 2.0e-3, None, group=(store, 0, 2)),
                     lambda: among_ranks.agree("forward:b", 2.0e-3, 1.0e-3, group=(store, 1, 2)))
     assert got[0] is None                     # it launches anyway
-    assert got[1] == (2.0e-3, None, 2)        # the other learns that some rank cannot replay
+    assert got[1] == (2.0e-3, None, 2, None)  # the other learns that some rank cannot replay
 
 
 def test_a_peer_that_never_answers_leaves_the_rank_its_own_verdict():
@@ -54,7 +54,7 @@ def test_each_verdict_of_a_graph_meets_its_own_keys():
                       lambda: among_ranks.agree("inference:d", 1.0, 0.5, group=(store, 1, 2)))
     second = _in_ranks(lambda: among_ranks.agree("inference:d", 1.0, 2.0, group=(store, 0, 2)),
                        lambda: among_ranks.agree("inference:d", 3.0, 0.5, group=(store, 1, 2)))
-    assert first == [(1.0, 0.5, 2)] * 2 and second == [(3.0, 2.0, 2)] * 2
+    assert first == [(1.0, 0.5, 2, None)] * 2 and second == [(3.0, 2.0, 2, None)] * 2
 
 
 def test_labels_name_the_graph_not_the_device():
@@ -76,9 +76,9 @@ def test_the_trial_decides_by_the_slowest_rank(monkeypatch, own, slowest, replay
     """Rank 0 alone would replay (1.0 against 2.0); the ranks' slowest periods decide instead."""
     seen = []
 
-    def agree(label, launch_s, replay_s):
+    def agree(label, launch_s, replay_s, host_s=None):
         seen.append((label, launch_s, replay_s))
-        return (*slowest, 2)
+        return (*slowest, 2, None)
     monkeypatch.setattr(among_ranks, "agree", agree)
     trial = ReplayTrial("forward", label="forward:f")
     trial.launched, trial.replayed = [own[0], own[0] * 1.1], [own[1], own[1] * 1.1]
@@ -93,7 +93,7 @@ def test_the_trial_decides_by_the_slowest_rank(monkeypatch, own, slowest, replay
 
 def test_a_trial_that_cannot_capture_tells_the_other_ranks(monkeypatch):
     seen = []
-    monkeypatch.setattr(among_ranks, "agree", lambda label, launch_s, replay_s: seen.append(replay_s))
+    monkeypatch.setattr(among_ranks, "agree", lambda label, launch_s, replay_s, host_s=None: seen.append(replay_s))
     trial = ReplayTrial("forward", label="forward:g")
     out, replayed = trial.run(lambda args: "launched", lambda args: None, [])
     assert (out, replayed, trial.replay) == ("launched", False, False)
@@ -101,7 +101,7 @@ def test_a_trial_that_cannot_capture_tells_the_other_ranks(monkeypatch):
 
 
 def test_a_trial_whose_peers_do_not_answer_says_it_decided_alone(monkeypatch):
-    monkeypatch.setattr(among_ranks, "agree", lambda label, launch_s, replay_s: None)
+    monkeypatch.setattr(among_ranks, "agree", lambda label, launch_s, replay_s, host_s=None: None)
     trial = ReplayTrial("inference", label="inference:h")
     trial.launched, trial.replayed = [2.0], [1.0]
     trial._decide_by_periods()

@@ -96,10 +96,32 @@ def test_a_device_bound_graph_goes_back_to_launching(clock, fake_cuda_graphs):
 
 def test_a_saving_inside_the_margin_is_not_taken(clock, fake_cuda_graphs):
     w = torch.randn(4)
+    call = costed_call(clock, fake_cuda_graphs, launch=(100e-6, 300e-6), replay=(20e-6, 290e-6))
+    graph = CompiledGraph(call, None, "", cuda_graphs="auto")
+    run_calls(graph, replay_choice.TRIAL_CALLS, w)
+    (decision,) = replay_choice.DECISIONS
+    assert not decision.replay   # 290 vs 300 us: inside MARGIN, and launching leaves the host idle 2/3 of a call
+    assert decision.host_s == pytest.approx(100e-6) and "the host busy 100 us" in str(decision)
+
+
+def test_a_graph_that_holds_the_host_replays_on_a_saving_inside_the_margin(clock, fake_cuda_graphs):
+    """Launched, the host is the bottleneck (300 us of host a call): a host that slows would slow every launched
+    call, and a replay that is no slower keeps the GPU fed whatever the host does."""
+    w = torch.randn(4)
     call = costed_call(clock, fake_cuda_graphs, launch=(300e-6, 100e-6), replay=(20e-6, 290e-6))
     graph = CompiledGraph(call, None, "", cuda_graphs="auto")
     run_calls(graph, replay_choice.TRIAL_CALLS, w)
-    assert not replay_choice.DECISIONS[0].replay   # 290 vs 300 us: inside MARGIN
+    (decision,) = replay_choice.DECISIONS
+    assert decision.replay and "launching holds the host" in decision.reason
+    assert decision.host_s == pytest.approx(300e-6)
+
+
+def test_a_replay_slower_than_launching_is_never_taken_for_the_host(clock, fake_cuda_graphs):
+    w = torch.randn(4)
+    call = costed_call(clock, fake_cuda_graphs, launch=(300e-6, 100e-6), replay=(20e-6, 310e-6))
+    graph = CompiledGraph(call, None, "", cuda_graphs="auto")
+    run_calls(graph, replay_choice.TRIAL_CALLS, w)
+    assert not replay_choice.DECISIONS[0].replay
 
 
 def test_only_replays_lend_their_outputs_and_the_two_ways_take_turns(clock, fake_cuda_graphs):
@@ -242,6 +264,19 @@ def test_a_forward_times_whole_steps_and_its_backward_follows(clock, fake_cuda_g
     assert fw.trial is None and bw.trial is None and fw.graphed is not None and bw.graphed is not None
     # the backward's buffers reuse the forward's pool; the forward's pool is its own
     assert bw.graphed.graph.captured_into == fw.graphed.graph.pool() and fw.graphed.graph.captured_into is None
+
+
+def test_a_pair_whose_launches_hold_the_host_replays_both(clock, fake_cuda_graphs):
+    """The host time of a step counts the backward's launched calls with the forward's: 4 + 3 ms of host in a
+    10 ms period, a replay 1.5% faster."""
+    w = torch.randn(4)
+    fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (4e-3, 5e-3), True: (50e-6, 4.9e-3)},
+                            {False: (3e-3, 5e-3), True: (50e-6, 4.9e-3)})
+    train_steps(fw, bw, replay_choice.TRIAL_CALLS + 3, w)
+    forward, backward = replay_choice.DECISIONS
+    assert forward.replay and backward.replay and "launching holds the host" in forward.reason
+    assert forward.launch_s == pytest.approx(10e-3) and forward.host_s == pytest.approx(7e-3)
+    assert fw.graphed is not None and bw.graphed is not None
 
 
 def test_a_device_bound_pair_launches_both(clock, fake_cuda_graphs):
