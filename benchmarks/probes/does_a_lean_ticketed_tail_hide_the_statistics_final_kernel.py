@@ -84,8 +84,8 @@ def ticketed(in_ptr, sum_ptr, sq_ptr, count_ptr, var_ptr, mean_ptr, RN: tl.const
         cols = lo + tl.arange(0, width)[None, :]
         s = tl.zeros([RB, width], tl.float32)
         q = tl.zeros([RB, width], tl.float32)
-        for r in tl.static_range(0, CHUNKS, RB):
-            rows = r + tl.arange(0, RB)[:, None]
+        for k in tl.static_range(0, CHUNKS, RB):
+            rows = k + tl.arange(0, RB)[:, None]
             m = rows < CHUNKS
             s += tl.load(sum_ptr + rows * C_ + cols, mask=m, other=0.0, cache_modifier=".cg")
             q += tl.load(sq_ptr + rows * C_ + cols, mask=m, other=0.0, cache_modifier=".cg")
