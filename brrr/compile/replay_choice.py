@@ -159,7 +159,7 @@ class ReplayTrial:
                 return
             ranks = f", the slowest of {world} ranks"
         faster = replay_s < MARGIN * launch_s
-        host_bound = not faster and host_s is not None and replay_s <= launch_s and host_s >= HOST_BOUND * launch_s
+        host_bound = host_s is not None and replay_s <= launch_s and host_s >= HOST_BOUND * launch_s
         with_backward = " over whole steps with its backward" if self.followers else ""
         reason = ("faster replayed" if faster else "as fast replayed, and launching holds the host" if host_bound
                   else "not faster replayed") + with_backward + ranks
