@@ -5,7 +5,8 @@
 "brrr-cudagraphs" is brrr with `cuda_graphs=True` (each compiled graph replayed from a CUDA graph) and
 "brrr-launches" brrr with `cuda_graphs=False` (never replayed; plain "brrr" chooses by timing), "brrr-templates"
 brrr with `matmul_templates="auto"` (matmul epilogues fused where timing says so), "brrr-recompute" brrr with
-`recompute="pointwise"` (the forward saves no pointwise value its backward can recompute). Callables are
+`recompute="pointwise"` (the forward saves no pointwise value its backward can recompute);
+"inductor-reduce-overhead" is Inductor with `mode="reduce-overhead"` (its CUDA graphs). Callables are
 passed through (tests register doubles that way). `fresh_compile` resets Dynamo first, so every backend
 starts from nothing and the first call pays the whole compile.
 """
@@ -21,6 +22,9 @@ BRRR_VARIANTS = {   # name -> brrr.compile's options
     "brrr-templates": {"matmul_templates": "auto"},
     "brrr-recompute": {"recompute": "pointwise"},
 }
+
+
+INDUCTOR_MODES = {"inductor-reduce-overhead": "reduce-overhead"}   # name -> torch.compile's mode
 
 
 def backend_name(backend):
@@ -115,6 +119,9 @@ def strict_dynamo(recompile_limit=64):
 
 def fresh_compile(fn, backend, dynamic=None):
     """`fn` compiled with `backend` after a Dynamo reset; `fn` itself for eager."""
+    if backend in INDUCTOR_MODES:
+        torch._dynamo.reset()
+        return torch.compile(fn, backend="inductor", mode=INDUCTOR_MODES[backend], dynamic=dynamic)
     resolved = resolve_backend(backend)
     if resolved is None:
         return fn
