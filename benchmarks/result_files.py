@@ -2,16 +2,29 @@
 
 The suite and the acceptance scripts name what they write with `result_stem`, so a file says on its own which
 code (the checkout's short commit hash) it measured on which machine (the GPU's short name) and when (UTC date).
-`benchmarks/results/INDEX.md` lists every recorded file with its headline figure.
+`parse_result_name` reads such a name back; `benchmarks/results_index.py` generates `benchmarks/results/INDEX.md`
+from them.
 """
 
 import os
 import re
 import subprocess
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+RESULT_STEM = re.compile(r"(?P<date>\d{4}-\d{2}-\d{2})-(?P<gpu>[a-z0-9-]+?)-(?P<commit>[0-9a-f]{7,40}|nogit)"
+                         r"(?:-(?P<what>.+))?")
+
+
+@dataclass(frozen=True)
+class ResultName:
+    date: str
+    gpu: str
+    commit: str
+    what: str     # '' for a run's main files
+    ext: str      # everything after the first dot: 'json', 'trace.json'
 
 
 def gpu_slug(device_name):
@@ -49,3 +62,13 @@ def result_stem(out_dir, device_name, commit=None, date=None):
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     return out_dir / f"{date or utc_date()}-{gpu_slug(device_name)}-{commit or git_commit()}"
+
+
+def parse_result_name(filename):
+    """'2026-11-26-h200-c864cdf-layout-kernels.log' -> ResultName('2026-11-26', 'h200', 'c864cdf',
+    'layout-kernels', 'log'); None for a name that does not follow the convention."""
+    stem, _, ext = filename.partition(".")
+    match = RESULT_STEM.fullmatch(stem)
+    if match is None:
+        return None
+    return ResultName(match["date"], match["gpu"], match["commit"], match["what"] or "", ext)

@@ -27,7 +27,7 @@ sys.path[:0] = [str(HERE.parent / "suite"), str(HERE.parent)]  # suite_sections;
 from result_files import RESULTS, git_commit, result_stem  # noqa: E402
 
 # Inductor last: its compile workers start up in the background and slow the host for whoever is timed next
-# (NOTES.md, "Inductor's compile workers disturb whoever is timed next"), which matters for host-bound steps
+# (NOTES.md, "How far can one host be trusted?"), which matters for host-bound steps
 BACKENDS = ("eager", "brrr", "brrr-cudagraphs", "inductor")
 
 

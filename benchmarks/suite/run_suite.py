@@ -5,9 +5,9 @@
 
 Writes <out>/<date>-<gpu>-<commit>.json and .md (rewritten after every section, so a cut-off run still leaves
 its numbers), plus the repeat sweep's PNGs beside them (`...-repeat-<backend>.png`). The default <out> is
-benchmarks/results/suite/; a recorded run gets a row in benchmarks/results/INDEX.md. Sections start only while
-the time budget (--budget-s) lasts; a section or configuration that fails is recorded with its error and the
-suite goes on. Inductor and Triton caches point at a fresh directory (unless --keep-caches), so "cold compile"
+benchmarks/results/suite/; benchmarks/results_index.py lists a recorded run in results/INDEX.md. Sections start
+only while the time budget (--budget-s) lasts; a section or configuration that fails is recorded with its error
+and the suite goes on. Inductor and Triton caches point at a fresh directory (unless --keep-caches), so "cold compile"
 means cold.
 """
 

@@ -29,3 +29,13 @@ def test_the_commit_can_be_named_where_the_checkout_cannot_tell(monkeypatch, tmp
     assert names.git_commit(cwd=tmp_path) == "abc1234"
     monkeypatch.delenv("BRRR_COMMIT")
     assert names.git_commit(cwd=tmp_path) != "abc1234"
+
+
+def test_a_result_name_reads_back_as_date_gpu_commit_and_what():
+    names = _load()
+    assert names.parse_result_name("2026-11-22-h100-0c36c91-493c2bb.json") == \
+        names.ResultName("2026-11-22", "h100", "0c36c91", "493c2bb", "json")
+    assert names.parse_result_name("2026-11-25-h100-9f0863e-bert-infer.trace.json").ext == "trace.json"
+    assert names.parse_result_name("2026-01-01-nvidia-geforce-rtx-4090-nogit.md") == \
+        names.ResultName("2026-01-01", "nvidia-geforce-rtx-4090", "nogit", "", "md")
+    assert names.parse_result_name("INDEX.md") is None
