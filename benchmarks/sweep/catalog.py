@@ -666,6 +666,20 @@ def all_configs():
     return timm_configs() + torchvision_configs() + transformers_configs() + others_configs() + zoo_configs()
 
 
+def interleaved(configs):
+    """`configs` taking one of each family in turn (each family in its own order): a run cut short by its
+    time budget has measured some of every family, not all of the first."""
+    queues = {}
+    for c in configs:
+        queues.setdefault(c.family, []).append(c)
+    out = []
+    while any(queues.values()):
+        for family in list(queues):
+            if queues[family]:
+                out.append(queues[family].pop(0))
+    return out
+
+
 def select(configs, only=None, family=None):
     """The configurations named in the comma-separated `only` and those of the families in `family`; every
     one when both are None."""

@@ -102,7 +102,7 @@ def selected(args):
     only = args.only
     if args.worst:
         only = ",".join(worst_names(args.worst, args.last))
-    return catalog.select(configs, only, args.family)
+    return catalog.interleaved(catalog.select(configs, only, args.family))
 
 
 def carried_over(paths, commit, device):

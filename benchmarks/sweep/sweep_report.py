@@ -118,6 +118,12 @@ def summary_lines(results, summary=None):
         k = s[kind]
         lines.append(f"| {kind} | {k['configurations']} | {_fmt(k['brrr_over_eager'])}x | "
                      f"{_fmt(k['brrr_over_inductor'])}x | {_fmt(k['brrr_over_best_inductor'])}x |")
+    commits = {}
+    for e in ran(results).values():
+        commits[e.get("commit", env.get("commit"))] = commits.get(e.get("commit", env.get("commit")), 0) + 1
+    if len(commits) > 1:   # a file that joins several runs: each configuration keeps the commit it measured
+        lines += ["", "Measured at " + ", ".join(f"{c} ({n} configurations)" for c, n in sorted(commits.items()))
+                  + "; each row's commit is in the JSON."]
     mem = [v for v in s["training_memory_ratio"].values() if v]
     lines += ["", f"- more than 3% slower than eager: {len(s['slower_than_eager'])}"
                   + (f" ({', '.join(s['slower_than_eager'])})" if s["slower_than_eager"] else ""),

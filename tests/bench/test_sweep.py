@@ -203,3 +203,9 @@ def test_report_compares_with_the_better_inductor_mode_and_counts_what_the_issue
     report.update_readme(readme, results, "benchmarks/results/sweep/x.json")   # replaced, not appended
     text = readme.read_text()
     assert text.count(report.README_BEGIN) == 1 and "brrr passed 2/3" in text
+
+
+def test_a_run_cut_short_has_measured_every_family(catalog):
+    order = catalog.interleaved(catalog.all_configs())
+    assert sorted(c.name for c in order) == sorted(c.name for c in catalog.all_configs())
+    assert {c.family for c in order[:len(catalog.FAMILIES)]} == set(catalog.FAMILIES)
