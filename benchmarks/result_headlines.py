@@ -1,8 +1,9 @@
 """What a recorded result file says about itself, in one line, for `results/INDEX.md` (see results_index.py).
 
 Two kinds of line:
-- `summary(path)`: a headline computed from a structured result, today a zoo run's JSON (pass rate, brrr's
-  geometric means, what was wrong or slower than eager), through the zoo's own `report.summary`;
+- `summary(path)`: a headline computed from a structured result: a zoo run's JSON (pass rate, brrr's
+  geometric means, what was wrong or slower than eager), through the zoo's own `report.summary`, or a
+  sweep's (the same, against Inductor's better mode too), through `sweep_report.summarize`;
 - `first_line(path)`: what any file shows first: a Markdown file's first heading, a log's first line with words
   in it, a JSON's own `note`, or what an image, page or trace is.
 Either is None where the file gives nothing.
@@ -15,17 +16,22 @@ import re
 from pathlib import Path
 
 ZOO_REPORT = Path(__file__).resolve().parent / "zoo" / "report.py"
+SWEEP_REPORT = Path(__file__).resolve().parent / "sweep" / "sweep_report.py"
 LONGEST = 200             # characters of a line taken from a file
 LISTED = 3                # names listed before a count stands for them
 WHAT_THE_FILE_IS = {"png": "plot", "html": "HTML report", "trace.json": "Chrome/Perfetto trace"}
 
 
 @functools.cache
-def _zoo_report():
-    spec = importlib.util.spec_from_file_location("zoo_report", ZOO_REPORT)
+def _script(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _zoo_report():
+    return _script("zoo_report", ZOO_REPORT)
 
 
 def read_json(path):
@@ -37,7 +43,29 @@ def read_json(path):
 
 def is_zoo_run(data):
     return isinstance(data, dict) and isinstance(data.get("configs"), dict) \
-        and isinstance(data.get("environment"), dict) and "backends" in data["environment"]
+        and isinstance(data.get("environment"), dict) and "backends" in data["environment"] \
+        and not is_sweep_run(data)
+
+
+def is_sweep_run(data):
+    """A sweep's entries hold their backends' rows by name (a zoo's hold a bench result)."""
+    return isinstance(data, dict) and isinstance(data.get("configs"), dict) and \
+        any(isinstance(e, dict) and isinstance(e.get("rows"), dict) for e in data["configs"].values())
+
+
+def sweep_summary(data):
+    """'ran 14/224, pass 14/14; brrr over eager 2.41x train, 3.14x inference; over Inductor's better mode
+    1.02x train, 0.81x inference; 0 slower than eager; 9 behind Inductor's better mode'."""
+    s = _script("sweep_report", SWEEP_REPORT).summarize(data)
+    parts = [f"ran {s['ran']}/{s['configurations']}, pass {s['brrr_passed']}/{s['ran']}"]
+    for base, label in (("eager", "eager"), ("best_inductor", "Inductor's better mode")):
+        means = [f"{v:.2f}x {mode}" for mode, kind in (("train", "training"), ("inference", "inference"))
+                 if (v := s[kind][f"brrr_over_{base}"])]
+        if means:
+            parts.append(f"brrr over {label} " + ", ".join(means))
+    parts.append(f"{len(s['slower_than_eager'])} slower than eager; {len(s['behind_best_inductor'])} behind "
+                 "Inductor's better mode")
+    return "; ".join(parts)
 
 
 def _listed(items, what):
@@ -66,6 +94,8 @@ def summary(path):
     if not str(path).endswith(".json"):
         return None
     data = read_json(path)
+    if is_sweep_run(data):
+        return sweep_summary(data)
     return zoo_summary(data) if is_zoo_run(data) else None
 
 
