@@ -40,3 +40,15 @@ def test_dynamo_limits_raise_whichever_limits_exist():
         for name in overrides:
             assert getattr(config, name) >= 1000
     assert any(getattr(config, name) < 1000 for name in overrides)  # restored afterwards
+
+
+def test_inductor_reduce_overhead_is_inductor_in_its_cuda_graph_mode(monkeypatch):
+    from brrr.bench import backends
+
+    seen = {}
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.update(kw) or fn)
+    backends.fresh_compile(torch.nn.Linear(2, 2), "inductor-reduce-overhead")
+    assert seen["backend"] == "inductor" and seen["mode"] == "reduce-overhead"
+    seen.clear()
+    backends.fresh_compile(torch.nn.Linear(2, 2), "inductor")
+    assert seen["backend"] == "inductor" and "mode" not in seen
