@@ -1,7 +1,7 @@
 """The compiled callable (codegen -> **runtime**): generated Python with every launch written out.
 
-`build(plan, gm, options)` generates each kernel's Triton module, loads them from the on-disk cache (cache.py,
-compiling missing ones in a thread pool), and writes one Python function `call(args)` that allocates buffers,
+`build(plan, gm, options)` generates each kernel's Triton module, loads them from the on-disk cache (cache.py),
+compiling missing ones in a thread pool, and writes one Python function `call(args)` that allocates buffers,
 launches kernels with literal grids and calls ATen for Externs/Fallbacks/views - nothing interprets IR at call
 time. If anything brrr made fails on the first call, the graph reruns as ATen (its FX module) with one warning.
 
