@@ -2,8 +2,8 @@
 
 The acceptance asks the bf16 template for at least 90% of cuBLAS's speed on 4096 x 4096 x 4096 and on the zoo's
 transformer shapes. Each shape (B a Linear weight [N, K], as in the models) is timed as cuBLAS (`torch.mm`), as
-`template_mm`'s TMA persistent template (codegen/matmul_template_tma.py) at each of its candidate tiles
-(`matmul_configs.TMA_CONFIGS`), and as the pointer template (`tma=False`), each checked against cuBLAS's product
+`template_mm`'s TMA persistent template (matmul/template_tma.py) at each of its candidate tiles
+(`configs.TMA_CONFIGS`), and as the pointer template (`tma=False`), each checked against cuBLAS's product
 first. The fraction is cuBLAS's device time over the template's: the kernels' own time, ten calls replayed from
 a CUDA graph (what a compiled graph's kernel costs the GPU). The time of a Python call (do_bench around it,
 host work included) is printed beside it.
@@ -72,9 +72,9 @@ def measure(name, m, n, k, quick):
     default tile, each checked against cuBLAS's product, then timed by device time and by call."""
     import torch
 
-    from brrr.compile import template_mm as templates
-    from brrr.compile.matmul_configs import TMA_CONFIGS, TileConfig, tma_config
-    from brrr.compile.template_mm import template_mm
+    from brrr.compile.matmul import template_mm as templates
+    from brrr.compile.matmul.configs import TMA_CONFIGS, TileConfig, tma_config
+    from brrr.compile.matmul.template_mm import template_mm
 
     device, dtype = ("cpu", torch.float16) if quick else ("cuda", torch.bfloat16)
     g = torch.Generator().manual_seed(0)

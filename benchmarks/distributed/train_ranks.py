@@ -151,7 +151,8 @@ class Run:
         import torch._dynamo
 
         from brrr.bench.backends import dynamo_limits, resolve_backend, skip_logging_in_graphs, stop_inductor_workers
-        from brrr.compile import fallbacks, replay_choice
+        from brrr.compile import fallbacks
+        from brrr.compile.runtime import replay_choice
 
         if reset:
             torch._dynamo.reset()

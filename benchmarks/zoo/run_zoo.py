@@ -86,7 +86,9 @@ def run_config(config, backends, device, dtype, quick, rep_ms, skip_logging=True
 
     from brrr.bench import bench, bench_shapes
     from brrr.bench.backends import skip_logging_in_graphs, stop_inductor_workers
-    from brrr.compile import fallbacks, graph_breaks, linear_cross_entropy_pass, replay_choice
+    from brrr.compile import fallbacks
+    from brrr.compile.passes import graph_breaks, linear_cross_entropy as linear_cross_entropy_pass
+    from brrr.compile.runtime import replay_choice
 
     entry = {"name": config.name, "family": config.family, "train": config.train}
     start = time.perf_counter()

@@ -20,7 +20,7 @@ can attribute host time and the device kernels an op launched to that op's recor
 device time is wanted (CUDA), ops that can't launch a kernel (views, metadata) go without a range: two thirds
 of BERT's ops, each range costing a few microseconds in the step and one more event to read. With
 `mark_kernels=True` (CPU) each brrr kernel the Triton interpreter runs gets a range `brrr-kernel:<name>` too
-(`kernel_range`, through brrr.compile.kernel_registry.LAUNCH_HOOK), with the tracer off inside it.
+(`kernel_range`, through brrr.compile.runtime.kernel_registry.LAUNCH_HOOK), with the tracer off inside it.
 """
 
 import functools
@@ -35,9 +35,8 @@ from torch._ops import OpOverload
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from brrr.compile import kernel_registry
-from brrr.cost.ops import (OpCost, launches_no_kernel, nbytes_touched, op_class, op_cost, tensors_in,
-                           written_arguments)
+from brrr.compile.runtime import kernel_registry
+from brrr.cost.ops import OpCost, launches_no_kernel, nbytes_touched, op_class, op_cost, tensors_in, written_arguments
 
 RANGE_PREFIX = "brrr#"
 KERNEL_RANGE_PREFIX = "brrr-kernel:"  # around an interpreted brrr kernel's launch (CPU): `brrr-kernel:<its name>`

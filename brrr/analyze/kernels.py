@@ -4,7 +4,7 @@ timing.py finds them: on CUDA a kernel launched inside the traced step but outsi
 interpreted brrr kernel's launch range (kernel_registry.LAUNCH_HOOK, opened only while the step is traced). Here
 each becomes a record, priced where its compiler says what it is:
 
-- a brrr kernel: its name is unique in the process and brrr.compile.kernel_registry holds its FLOPs, bytes read
+- a brrr kernel: its name is unique in the process and brrr.compile.runtime.kernel_registry holds its FLOPs, bytes read
   and written, ATen ops and modules from its plan (pricing.py). Its module is the one doing most of its FLOPs,
   resolved to the analyzer's own names (the module object Dynamo keyed it by, else Dynamo's source path); its phase
   is its graph's.
@@ -109,7 +109,7 @@ def inductor_metadata():
 def kernel_records(outside, records, model=None):
     """OpRecords for `outside` ([(kernel name, seconds, index of the op before its launch or -1)]), numbered after
     `records`."""
-    from brrr.compile import kernel_registry
+    from brrr.compile.runtime import kernel_registry
 
     names, root = module_names(model)
     inductor = None

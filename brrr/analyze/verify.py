@@ -109,7 +109,7 @@ class BrrrCompile(Remedy):
 
         calls = WARMUP_CALLS
         if self.cuda_graphs == "auto" and target.device.type == "cuda":
-            from brrr.compile.replay_choice import TRIAL_CALLS
+            from brrr.compile.runtime.replay_choice import TRIAL_CALLS
 
             calls += TRIAL_CALLS  # "auto" times launches against replays over its first calls
         return Prepared(brrr_compile(model, cuda_graphs=self.cuda_graphs), inputs, warmup_calls=calls)

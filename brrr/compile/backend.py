@@ -17,13 +17,15 @@ import sys
 
 import torch
 
-from brrr.compile.attention_mask import contiguous_attention_masks
-from brrr.compile.linear_cross_entropy_pass import fuse_linear_cross_entropy
-from brrr.compile.partition import partition_fn
-from brrr.compile import fallbacks, graph_breaks, sizes
-from brrr.compile.fallbacks import (MAX_REPLANS, GraphFallback, KernelFailed, debugging, is_out_of_memory, recover,
+from brrr.compile import fallbacks
+from brrr.compile.fallbacks import (GraphFallback, KernelFailed, MAX_REPLANS, debugging, is_out_of_memory, recover,
                                     warn_once)
-from brrr.compile.specialize import PerShape, copy_graph_module, symbolic
+from brrr.compile.ir import sizes
+from brrr.compile.passes import graph_breaks
+from brrr.compile.passes.attention_mask import contiguous_attention_masks
+from brrr.compile.passes.linear_cross_entropy import fuse_linear_cross_entropy
+from brrr.compile.passes.partition import partition_fn
+from brrr.compile.passes.specialize import PerShape, copy_graph_module, symbolic
 
 aten = torch.ops.aten
 
@@ -101,10 +103,10 @@ def can_run_kernels(gm):
 
 def plan_graph(gm, forced=None):
     """FX graph -> scheduled Plan (no kernels run, nothing compiled); `forced` FX nodes run as ATen calls.
-    Unaligned matmuls are padded first, in gm itself (matmul_padding.py), so its ATen fallback runs them too."""
-    from brrr.compile.lower import lower
-    from brrr.compile.matmul_padding import pad_matmuls
-    from brrr.compile.schedule import schedule
+    Unaligned matmuls are padded first, in gm itself (passes/pad_matmuls.py), so its ATen fallback runs them too."""
+    from brrr.compile.lowering.core import lower
+    from brrr.compile.passes.pad_matmuls import pad_matmuls
+    from brrr.compile.scheduling.schedule import schedule
     # a node's value inlines its chain of pointwise producers, one Python call per link: a backward graph's
     # gradient sums chain hundreds (Inductor raises the limit for the same reason)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
@@ -125,18 +127,19 @@ def static_inputs(graph_kind):
 def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind="forward", matmul_templates=None,
                   symbolic_sizes=False):
     """One core-ATen graph -> a callable. `sink` (explain) observes each plan instead of building it;
-    `matmul_templates` is brrr.compile's option (matmul_choice.py).
+    `matmul_templates` is brrr.compile's option (matmul/choice.py).
 
     A kernel that fails to generate or compile (and, later, on its first launch) gets the graph re-planned
     with its ops as ATen calls, up to MAX_REPLANS times; anything else that stops the graph from compiling
     raises GraphFallback, and the backend runs Dynamo's own graph instead."""
     from torch._functorch.aot_autograd import make_boxed_func
 
-    from brrr.compile.runtime import build, generate_all
+    from brrr.compile.matmul.fusion import epilogue_pass
+    from brrr.compile.runtime.compiled import build, generate_all
 
     reason = graph_refusal(gm, planning_only=sink is not None)
     if reason == SYMBOLIC and symbolic_sizes:
-        reason = None   # planned at symbolic sizes; CUDA graphs are then captured per shape (runtime.py)
+        reason = None   # planned at symbolic sizes; CUDA graphs are then captured per shape (runtime/compiled.py)
     if reason:
         raise GraphFallback(reason)
     forced, replans = {}, []
@@ -153,8 +156,9 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
             if debugging():
                 raise
             raise GraphFallback(f"planning failed ({type(e).__name__}: {str(e)[:200]})") from e
+        rewrite_kernels = epilogue_pass(matmul_templates)
         if sink is not None:
-            sink.planned(graph_kind, gm, plan, generate_all(plan, graph_kind, matmul_templates))
+            sink.planned(graph_kind, gm, plan, generate_all(plan, graph_kind, rewrite_kernels))
             return make_boxed_func(gm)
         for fx, why, scope in plan.lowering.fallbacks:
             if scope == "op":
@@ -162,7 +166,7 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
                 fallbacks.log("op", graph_kind, op, why)
                 warn_once(f"{op} runs as ATen: {why}")
         compiled, _ = build(plan, gm, cuda_graphs=cuda_graphs if "cuda" in _devices(gm) else False,
-                            kind=graph_kind, matmul_templates=matmul_templates)
+                            kind=graph_kind, rewrite_kernels=rewrite_kernels)
         compiled.static_inputs = statics
         compiled.replan = replan
         return compiled
@@ -246,7 +250,7 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
     None where brrr cannot (the caller then compiles it per shape)."""
     from torch._dynamo.backends.common import aot_autograd
 
-    from brrr.compile.lean_autograd import GraphCapture, lean_backward_patch
+    from brrr.compile.runtime.lean_autograd import GraphCapture, lean_backward_patch
 
     capture = GraphCapture()
     compiling = [True]   # a backward compiled lazily, after the backend returned, cannot fall back to Dynamo
@@ -298,7 +302,7 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
     finally:
         compiling[0] = False
     if _sink is not None and hasattr(_sink, "runtimes"):   # explain: which runtime a real compile would take
-        from brrr.compile.lean_autograd import plain_reason
+        from brrr.compile.runtime.lean_autograd import plain_reason
 
         why = plain_reason(capture, example_inputs) if patch is not None else \
             "this torch cannot compile the backward with the forward"
@@ -324,12 +328,12 @@ CUDA_GRAPHS = ("auto", True, False)
 def compile(model, **options):
     """torch.compile(model, backend=brrr with `options`). cuda_graphs: "auto" (default: each graph replays from
     a CUDA graph when timing shows that is faster, replay_choice.py), True (always, once its inputs allow) or
-    False (never). matmul_templates: "off", "always" or "auto" (matmul_choice.py; default: BRRR_MATMUL_TEMPLATES,
+    False (never). matmul_templates: "off", "always" or "auto" (matmul/choice.py; default: BRRR_MATMUL_TEMPLATES,
     off when unset): whether a matmul and its epilogue run as one brrr kernel. symbolic_sizes: True (default;
     BRRR_SYMBOLIC_SIZES=0 turns it off) plans a graph Dynamo captures with symbolic sizes once, at those sizes
     (sizes.py); False compiles it once per shape (specialize.py). recompute: "cheap" (default) or "pointwise"
     (partition.py): which values a training graph's backward recomputes instead of the forward saving them."""
-    from brrr.compile.matmul_choice import MODES
+    from brrr.compile.matmul.choice import MODES
 
     unknown = set(options) - {"cuda_graphs", "matmul_templates", "symbolic_sizes", "recompute"}
     if unknown:

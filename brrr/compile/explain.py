@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from brrr.compile.sizes import hint
+from brrr.compile.ir.sizes import hint
 
 
 @dataclass
@@ -82,8 +82,8 @@ class Explanation:
     notes: list = field(default_factory=list)
     seen: list = field(default_factory=list)         # fallbacks.Fallback of kernel/graph scope while compiling
     replays: list = field(default_factory=list)      # replay_choice.Decision of graphs run in this process
-    paddings: list = field(default_factory=list)     # (graph, matmul_padding.Padding): unaligned matmuls
-    linear_losses: list = field(default_factory=list)  # linear_cross_entropy_pass.Rewrite: losses without logits
+    paddings: list = field(default_factory=list)     # (graph, pad_matmuls.Padding): unaligned matmuls
+    linear_losses: list = field(default_factory=list)  # passes.linear_cross_entropy.Rewrite: losses without logits
     matmuls: list = field(default_factory=list)      # MatmulInfo: each matmul, cuBLAS or a template kernel
     runtimes: list = field(default_factory=list)     # (inference | training, why AOTAutograd's runtime or None)
     guards: list = field(default_factory=list)       # (graph, guard): what planning at symbolic sizes assumed
@@ -209,7 +209,7 @@ def _shapes(fx):
 
 def record(ex, kind, gm, plan, kernels):
     """add one planned graph to the Explanation."""
-    from brrr.compile.matmul_padding import DECISIONS
+    from brrr.compile.passes.pad_matmuls import DECISIONS
     ex.graphs.append(kind)
     ex.paddings.extend((kind, p) for p in gm.meta.get(DECISIONS, []))
     for fx in gm.graph.nodes:
@@ -219,10 +219,10 @@ def record(ex, kind, gm, plan, kernels):
     for step_kind, step in plan.steps:
         if step_kind == "kernel":
             ks = kernels[step]
-            if getattr(step, "mm", None) is not None:   # matmul_fusion.FusedMatmul
+            if getattr(step, "mm", None) is not None:   # fusion.FusedMatmul
                 ex.matmuls.append(_matmul_info(kind, step.mm, ks))
             reads = [a for a in ks.args if a not in ks.stores]
-            work = ks.work   # pricing.KernelWork, from runtime.generate_all
+            work = ks.work   # pricing.KernelWork, from runtime.compiled.generate_all
             nbytes = work.bytes
             space = f"{list(step.shape)}" + (f" reducing dims {list(step.dims)}" if step.dims else "")
             ex.kernels.append(KernelInfo(f"{kind}.{ks.name}", kind, ks.ops, nbytes, ks.source, space,
@@ -274,8 +274,10 @@ def _matmul_info(kind, mm, ks):
 def explain(fn_or_model, *inputs, train=False, dynamic=False):
     """Plan (never run kernels) what brrr does with `fn_or_model(*inputs)`; returns an Explanation.
     `dynamic` is torch.compile's: True plans the graph Dynamo captures with symbolic sizes."""
+    from brrr.compile import fallbacks
     from brrr.compile.backend import make_backend
-    from brrr.compile import fallbacks, graph_breaks, replay_choice
+    from brrr.compile.passes import graph_breaks
+    from brrr.compile.runtime import replay_choice
 
     ex = Explanation()
     graph_breaks.resync()

@@ -4,10 +4,10 @@ brrr never breaks a model and never makes it slower than eager because of its ow
 the smallest scope that works:
 
     op      a lowering refuses one ATen op (no lowering, no kernel code for a dtype): that op runs as an ATen
-            call inside the compiled graph; everything around it stays fused (lower.py, mathops.py).
+            call inside the compiled graph; everything around it stays fused (lowering/core.py, ir/mathops.py).
     kernel  a kernel fails to generate, to compile, or on its first launch: brrr re-plans the graph with that
             kernel's ops forced to ATen calls, a bounded number of times (`MAX_REPLANS`); the other kernels
-            stay compiled (backend.compile_graph, runtime.CompiledGraph).
+            stay compiled (backend.compile_graph, runtime.compiled.CompiledGraph).
     graph   nothing can be compiled (symbolic shapes, a device brrr has no kernels for, planning fails, or the
             re-plans run out): the graph runs as Dynamo captured it, before decomposition, which is what eager
             runs (backend.brrr_backend).
@@ -17,6 +17,8 @@ graph scope seen while models compiled (op-scope ones are part of each plan it s
 of a configuration's. BRRR_DEBUG=1 turns
 brrr's own failures into exceptions instead (the tests set it). An out-of-memory error is never a fallback:
 it propagates as torch's own OutOfMemoryError.
+
+Every stage raises, logs and warns through this module, so it imports nothing of brrr's.
 """
 
 import os

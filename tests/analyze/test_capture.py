@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from brrr.analyze.capture import (_TENSOR, OUTSIDE_MODEL, BackwardModules, ModuleStack, Trace, _RawOp, capture,
+from brrr.analyze.capture import (BackwardModules, ModuleStack, OUTSIDE_MODEL, Trace, _RawOp, _TENSOR, capture,
                                   record_step)
 from brrr.analyze.step import Step
 from brrr.cost.ops import mutated_tensors, op_cost, tensor_bytes, tensors_in

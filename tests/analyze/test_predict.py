@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from brrr.analyze.advise import advise, precision_advice
-from brrr.analyze.calibration import calibrate_advice, correction, load_table, record_ratios, MAX_SAMPLES
+from brrr.analyze.calibration import MAX_SAMPLES, calibrate_advice, correction, load_table, record_ratios
 from brrr.analyze.predict import (COMPILED_CALL_S, FUSED_BANDWIDTH_FRACTION, compiled_program, compiler_groups,
                                   predict_steps)
 from tests.analyze.synthetic import make_ceilings, make_record

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from brrr.analyze import analyze, calibration
 from brrr.analyze.advise import advice_item
-from brrr.analyze.verify import REMEDIES, DoubledBatch, Prepared, Remedy, tf32_matmuls, verify
+from brrr.analyze.verify import DoubledBatch, Prepared, REMEDIES, Remedy, tf32_matmuls, verify
 from tests.analyze.synthetic import make_ceilings
 
 CPU_APPLICABLE = {"compile", "inductor", "bf16", "batch"}   # an fp32 MLP on CPU: no CUDA, no convolutions

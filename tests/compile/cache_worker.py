@@ -52,17 +52,17 @@ def compiled_graph():
 
 
 def race(out_dir):
-    from brrr.compile import runtime
+    from brrr.compile import cache as kernel_cache
     while not os.path.exists(os.path.join(out_dir, "go")):
         time.sleep(0.005)
     x = torch.zeros(8)
     for value in range(RACE_KERNELS):
-        kernel = runtime.load_kernel(ADD_CONSTANT.format(value=value), "add_constant", "cpu")
+        kernel = kernel_cache.load_kernel(ADD_CONSTANT.format(value=value), "add_constant", "cpu")
         out = torch.empty(8)
         kernel[(1,)](x, out, XBLOCK=8)
         assert torch.equal(out, x + value), (value, out)
     outs = compiled_graph()(*inputs())
-    torch.save({"outs": outs, "keys": sorted(runtime._MODULES)}, os.path.join(out_dir, f"{os.getpid()}.pt"))
+    torch.save({"outs": outs, "keys": sorted(kernel_cache._MODULES)}, os.path.join(out_dir, f"{os.getpid()}.pt"))
 
 
 def pause(out_dir):

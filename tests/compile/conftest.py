@@ -36,10 +36,10 @@ class FakeGraph:
 
 @pytest.fixture
 def fake_cuda_graphs(monkeypatch):
-    """CUDA-graph capture and replay on the CPU (graphs.GraphedCall with FakeGraph); yields FakeGraph."""
+    """CUDA-graph capture and replay on the CPU (cuda_graphs.GraphedCall with FakeGraph); yields FakeGraph."""
     import contextlib
 
-    from brrr.compile.graphs import GraphedCall
+    from brrr.compile.runtime.cuda_graphs import GraphedCall
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)

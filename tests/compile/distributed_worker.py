@@ -21,8 +21,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from brrr.compile import among_ranks  # noqa: E402
-from brrr.compile.launch import Launcher  # noqa: E402
+from brrr.compile.runtime import among_ranks  # noqa: E402
+from brrr.compile.runtime.launch import Launcher  # noqa: E402
 from tests.compile.helpers import Recording  # noqa: E402
 
 STEPS = 2

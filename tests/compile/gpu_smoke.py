@@ -194,7 +194,7 @@ if __name__ == "__main__":
     if "--replayed-training" in sys.argv:
         replayed_training()
         if "--unshared" in sys.argv:   # the same steps with the backward's pool its own
-            from brrr.compile.graphs import GraphedCall
+            from brrr.compile.runtime.cuda_graphs import GraphedCall
             GraphedCall._after_pool = lambda self: None
             replayed_training()
         print("FAILED:", FAILED if FAILED else "none")

@@ -152,7 +152,7 @@ def _raised_in_brrr(e):
 def _aot_compile(fn):
     from torch._functorch.aot_autograd import aot_function
 
-    from brrr.compile.partition import partition_fn
+    from brrr.compile.passes.partition import partition_fn
 
     def compiler(kind):
         return lambda gm, inputs: backend.compile_graph(gm, inputs, graph_kind=kind)

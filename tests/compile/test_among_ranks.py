@@ -7,8 +7,8 @@ import time
 import pytest
 import torch.distributed as dist
 
-from brrr.compile import among_ranks, replay_choice
-from brrr.compile.replay_choice import ReplayTrial
+from brrr.compile.runtime import among_ranks, replay_choice
+from brrr.compile.runtime.replay_choice import ReplayTrial
 
 
 def _in_ranks(*calls):

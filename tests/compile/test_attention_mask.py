@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from brrr.compile.attention_mask import contiguous_attention_masks
+from brrr.compile.passes.attention_mask import contiguous_attention_masks
 
 
 def attention_twice(q, k, v, keep):

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from brrr.compile import runtime
+from brrr.compile import cache as kernel_cache
 from tests.compile.cache_worker import RACE_KERNELS, graph, inputs
 from tests.compile.helpers import compiled
 from tests.compile.workers import finish, start, wait_for
@@ -37,7 +37,7 @@ def assert_whole(cache):
     found = entries(cache)
     assert found
     for path in found:
-        assert runtime.cache_key(path.read_text(), "cpu") == path.stem[len("brrr_"):], f"{path.name} is damaged"
+        assert kernel_cache.cache_key(path.read_text(), "cpu") == path.stem[len("brrr_"):], f"{path.name} is damaged"
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~_umask(), oct(path.stat().st_mode)
     assert not list((cache / "kernels").glob(".tmp-*"))
 
@@ -45,12 +45,12 @@ def assert_whole(cache):
 def fresh_run(cache, monkeypatch):
     """This process compiling `graph` as a later run would: nothing loaded in memory, only the disk cache."""
     monkeypatch.setenv("BRRR_CACHE_DIR", str(cache))
-    monkeypatch.setattr(runtime, "_MODULES", {})
+    monkeypatch.setattr(kernel_cache, "_MODULES", {})
     torch._dynamo.reset()
     got = compiled(graph)(*inputs())
     for a, b in zip(got, graph(*inputs())):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    return set(runtime._MODULES)
+    return set(kernel_cache._MODULES)
 
 
 def test_two_processes_compiling_the_same_graph_at_once_share_the_cache(tmp_path, monkeypatch):
@@ -112,7 +112,7 @@ def test_a_damaged_entry_is_rebuilt_by_a_later_run(tmp_path, monkeypatch, damage
 
 def test_a_damaged_cubin_is_rewritten(tmp_path, monkeypatch):
     # the cubin files torch's static launcher loads (GPU only), kept beside the kernel cache: a stand-in kernel
-    from brrr.compile.launch import _cubin_file
+    from brrr.compile.runtime.launch import _cubin_file
 
     monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
     kernel = SimpleNamespace(hash="0123abcd", asm={"cubin": bytes(range(256)) * 8})
@@ -143,14 +143,14 @@ def test_a_compile_interrupted_mid_write_leaves_nothing_a_later_run_trusts(tmp_p
         # a killed writer leaves its temporary file; a later run deletes it once it is clearly dead, and leaves
         # a young one alone (another process may be writing it)
         assert left
-        old = time.time() - runtime.STALE_TMP_S - 60
+        old = time.time() - kernel_cache.STALE_TMP_S - 60
         for tmp in left:
             os.utime(tmp, (old, old))
         live = cache / "kernels" / ".tmp-being-written"
         live.touch()
     for path in entries(cache):   # whatever got renamed into place is whole
-        assert runtime.cache_key(path.read_text(), "cpu") == path.stem[len("brrr_"):]
-    monkeypatch.setattr(runtime, "_SWEPT", set())
+        assert kernel_cache.cache_key(path.read_text(), "cpu") == path.stem[len("brrr_"):]
+    monkeypatch.setattr(kernel_cache, "_SWEPT", set())
     fresh_run(cache, monkeypatch)
     if sig == signal.SIGKILL:
         assert live.exists()

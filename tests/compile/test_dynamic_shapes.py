@@ -1,4 +1,4 @@
-"""Dynamic shapes (brrr/compile/sizes.py, the default; `symbolic_sizes=False` compiles per shape): a graph Dynamo
+"""Dynamic shapes (brrr/compile/ir/sizes.py, the default; `symbolic_sizes=False` compiles per shape): a graph Dynamo
 captures with symbolic sizes is planned once at those sizes, its kernels take the sizes as arguments, and every
 later shape runs brrr's kernels, equal to eager."""
 
@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from brrr.compile import backend, fallbacks, launch
+from brrr.compile import backend, fallbacks
 from brrr.compile.backend import make_backend
+from brrr.compile.runtime import launch
 
 
 class Attention(torch.nn.Module):

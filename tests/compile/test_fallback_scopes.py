@@ -15,10 +15,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import brrr
-from brrr.compile import backend, fallbacks, runtime, specialize
+from brrr.compile import backend, fallbacks
 from brrr.compile.backend import brrr_backend
 from brrr.compile.codegen import triton as codegen
 from brrr.compile.fallbacks import MAX_REPLANS
+from brrr.compile.passes import specialize
+from brrr.compile.runtime import compiled as runtime
 
 
 class OpRecorder(TorchDispatchMode):
@@ -198,7 +200,7 @@ def test_a_compile_logs_its_op_fallbacks_process_wide_and_explain_does_not():
 
 def test_out_of_memory_in_a_kernel_is_torchs_error_not_a_fallback(monkeypatch):
     monkeypatch.delenv("BRRR_DEBUG", raising=False)
-    from brrr.compile import launch
+    from brrr.compile.runtime import launch
 
     def out_of_memory(self, *args):
         raise torch.OutOfMemoryError("CUDA out of memory (test double)")

@@ -122,7 +122,7 @@ def _rotate(x, angle):
 
 
 def test_a_long_math_op_read_through_a_broadcast_is_computed_once(monkeypatch):
-    from brrr.compile import schedule
+    from brrr.compile.scheduling import schedule
     monkeypatch.setattr(schedule, "BROADCAST_EVALS", 1 << 10)
     x, angle = torch.randn(4, 8, 16, 32), torch.randn(16, 32)
     ex = explain(_rotate, x, angle)
@@ -134,7 +134,7 @@ def test_a_long_math_op_read_through_a_broadcast_is_computed_once(monkeypatch):
 
 
 def test_short_ops_and_unbroadcast_long_ops_stay_inlined(monkeypatch):
-    from brrr.compile import schedule
+    from brrr.compile.scheduling import schedule
     monkeypatch.setattr(schedule, "BROADCAST_EVALS", 1 << 10)
     x, a = torch.randn(4, 8, 16, 32), torch.randn(16, 32)
     assert len(explain(lambda x, a: x * (a * 2 + 1), x, a).kernels) == 1        # a multiply-add: recomputed

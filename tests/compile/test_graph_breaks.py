@@ -1,4 +1,4 @@
-"""Graph breaks (brrr/compile/graph_breaks.py): `brrr explain` says where Dynamo split the program and why, in
+"""Graph breaks (brrr/compile/passes/graph_breaks.py): `brrr explain` says where Dynamo split the program and why, in
 Dynamo's own words with its hint; the benchmarks' switch that has Dynamo skip logging calls leaves one graph
 and eager's values."""
 
@@ -10,8 +10,8 @@ import torch
 
 import brrr
 from brrr.bench.backends import ignored_logging_setting, skip_logging_in_graphs
-from brrr.compile import graph_breaks
 from brrr.compile.backend import brrr_backend
+from brrr.compile.passes import graph_breaks
 
 LOGGER = logging.getLogger("brrr.tests.graph_breaks")
 

@@ -1,11 +1,11 @@
-"""CUDA-graph replay logic (graphs.py) on the CPU, with a stand-in graph whose replay reruns the captured call
-into the same output tensors (conftest.fake_cuda_graphs): what is copied, what is lent, and when a loan gets its
-own copies."""
+"""CUDA-graph replay logic (runtime/cuda_graphs.py) on the CPU, with a stand-in graph whose replay reruns the
+captured call into the same output tensors (conftest.fake_cuda_graphs): what is copied, what is lent, and when a
+loan gets its own copies."""
 
 import torch
 
-from brrr.compile import graphs
-from brrr.compile.graphs import GraphedCall, Loan
+from brrr.compile.runtime import cuda_graphs as graphs
+from brrr.compile.runtime.cuda_graphs import GraphedCall, Loan
 
 
 def double_and_sum(args):

@@ -1,13 +1,14 @@
-"""CUDA graphs of a graph planned at symbolic sizes (runtime.CompiledGraph with a shape key, graphs.SharedPool) on
-the CPU, with conftest's stand-in graph: one graph per shape seen, captured into one shared pool, up to
-MAX_GRAPH_SHAPES; every replay equals eager's result."""
+"""CUDA graphs of a graph planned at symbolic sizes (runtime/compiled.py's CompiledGraph with a shape key,
+cuda_graphs.SharedPool) on the CPU, with conftest's stand-in graph: one graph per shape seen, captured into one
+shared pool, up to MAX_GRAPH_SHAPES; every replay equals eager's result."""
 
 import pytest
 import torch
 
-from brrr.compile import fallbacks, replay_choice, runtime
+from brrr.compile import fallbacks
 from brrr.compile.backend import make_backend
-from brrr.compile.runtime import CompiledGraph
+from brrr.compile.runtime import compiled as runtime, replay_choice
+from brrr.compile.runtime.compiled import CompiledGraph
 
 
 def scale_and_sum(args):
@@ -61,7 +62,7 @@ def test_past_the_bound_a_new_shape_launches_with_one_warning(fake_cuda_graphs, 
 def test_a_replay_at_one_shape_settles_the_loans_of_another(fake_cuda_graphs):
     """Graphs sharing a pool may overwrite each other's memory: a pending loan of shape 3 gets its copies before
     shape 5 replays."""
-    from brrr.compile.graphs import Loan
+    from brrr.compile.runtime.cuda_graphs import Loan
 
     g, w = graph(lend=(1,)), torch.randn(4)
     check(g, 3, w)

@@ -1,5 +1,5 @@
 """A training loop through brrr's lean runtime with CUDA graphs (conftest's stand-in graph on the CPU): the
-backward's replays give the gradients out as the graph's memory (graphs.Given), and every way a loop keeps
+backward's replays give the gradients out as the graph's memory (cuda_graphs.Given), and every way a loop keeps
 gradients (zeroed each step, accumulated, a view kept) still equals eager."""
 
 import copy
@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
-from brrr.compile import runtime
 from brrr.compile.backend import make_backend
-from brrr.compile.graphs import GraphedCall
+from brrr.compile.runtime import compiled as runtime
+from brrr.compile.runtime.cuda_graphs import GraphedCall
 
 
 @pytest.fixture

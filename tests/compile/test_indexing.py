@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from brrr.compile.indexing import Ix, Term, linear, unflatten
+from brrr.compile.ir.indexing import Ix, Term, linear, unflatten
 
 LOADED = object()   # stands for an ir.Value: an index loaded from memory, keyed by identity
 
@@ -104,7 +104,7 @@ def test_unflattened_flat_index_merges_back_through_the_shortcut():
 def test_terms_over_loaded_values_sort_in_the_order_first_seen_not_by_address():
     # a kernel's source must not depend on where its IR objects happen to live: two gathers' terms in one
     # index come out in the order the compile first met them, in every process (the cache keys on the source)
-    from brrr.compile.indexing import Opaque, Term
+    from brrr.compile.ir.indexing import Opaque, Term
     for _ in range(50):
         later = Opaque(Ix.var("xindex", 8))     # allocated first
         first = Opaque(Ix.var("rindex", 8))

@@ -3,8 +3,8 @@ same program overwrites it, nothing reads that input later, and the graph does n
 
 import torch
 
-from brrr.compile import runtime
-from brrr.compile.inplace import same_element_access
+from brrr.compile.runtime import compiled as runtime
+from brrr.compile.scheduling.inplace import same_element_access
 from brrr.examples import mlp
 from tests.compile.helpers import compiled
 
@@ -98,7 +98,7 @@ def test_dead_tensors_lend_their_memory_to_later_outputs(monkeypatch):
 
 
 def test_memory_read_by_an_aliasing_aten_call_is_never_handed_on():
-    from brrr.compile.inplace import _may_alias
+    from brrr.compile.scheduling.inplace import _may_alias
 
     class FX:
         def __init__(self, target):

@@ -6,7 +6,7 @@ import re
 import torch
 
 import brrr
-from brrr.compile import kernel_registry
+from brrr.compile.runtime import kernel_registry
 
 
 def _launched_names(fn, *args, monkeypatch):

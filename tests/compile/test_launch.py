@@ -4,7 +4,7 @@ arguments Triton would, and goes back to the JIT path whenever Triton would have
 import pytest
 import torch
 
-from brrr.compile import launch
+from brrr.compile.runtime import launch
 
 
 class FakeKernel:
@@ -122,7 +122,7 @@ def test_interpreter_or_cpu_tensors_always_use_the_jit():
 
 
 def test_graph_input_slots_read_unmoved_tensors_in_place_and_copy_the_rest():
-    from brrr.compile.graphs import data_ptrs, input_slots
+    from brrr.compile.runtime.cuda_graphs import data_ptrs, input_slots
 
     param, x1, x2 = torch.zeros(4), torch.zeros(4), torch.zeros(4)
     first = data_ptrs([param, x1, 3])
@@ -131,7 +131,7 @@ def test_graph_input_slots_read_unmoved_tensors_in_place_and_copy_the_rest():
 
 
 def test_graph_input_slots_read_only_static_inputs_in_place_where_they_are_known():
-    from brrr.compile.graphs import data_ptrs, input_slots
+    from brrr.compile.runtime.cuda_graphs import data_ptrs, input_slots
 
     param, x = torch.zeros(4), torch.zeros(4)
     first = data_ptrs([param, x, 3])

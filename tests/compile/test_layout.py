@@ -1,4 +1,4 @@
-"""Memory order: kernels walk their space in the order of what they store (brrr.compile.layout), and give
+"""Memory order: kernels walk their space in the order of what they store (brrr.compile.scheduling.layout), and give
 eager's values, strides and dtypes on channels_last, transposed, sliced and expanded inputs."""
 
 import re
@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from brrr.compile import ir
 from brrr.compile.backend import make_backend
-from brrr.compile.indexing import Ix, linear
+from brrr.compile.ir import nodes as ir
+from brrr.compile.ir.indexing import Ix, linear
 from tests.compile.helpers import compiled, rel_err, to64
 
 
@@ -192,7 +192,7 @@ def test_batch_norm_statistics_read_channels_last_input_once():
 def test_an_unflattened_sum_of_bases_merges_back():
     # a split column reduction numbers its rows q = p * 784 + r (p from xindex, r from rindex); unflattened
     # over (64, 56, 56) and read at contiguous strides it is q * 256 again, with no division by 56 left
-    from brrr.compile.indexing import unflatten
+    from brrr.compile.ir.indexing import unflatten
     q = Ix.var("rindex", 784) + (Ix.var("xindex", 65536) // 256) * 784
     address = linear(unflatten(q, (64, 56, 56)), (802816, 14336, 256)).render()
     assert not re.search(r"[/%] 56\b", address), address
@@ -230,7 +230,7 @@ def test_split_statistics_keep_two_accumulators_and_load_the_shift_once():
 
 
 def test_column_splits_take_chunks_that_tile_the_rows_exactly():
-    from brrr.compile.lower import column_chunks
+    from brrr.compile.lowering.core import column_chunks
     assert column_chunks(8192, 3072) == 16            # ~22 would fill the GPU; 16 chunks of 512 tile 8192 rows
     assert column_chunks(200704, 256) == 256          # BN statistics: 256 chunks of 784 rows are already exact
     assert column_chunks(8192, 3072, exact=False) == 22   # symbolic rows: the count alone, chunks masked
@@ -391,8 +391,8 @@ def test_a_full_size_output_walking_another_dim_keeps_its_own_kernel():
 @pytest.mark.parametrize("small_thresholds", [False, True], ids=["as-is", "tiles-and-splits"])
 def test_mixer_block_training_matches_eager(monkeypatch, small_thresholds):
     # small sizes; with the thresholds lowered, the across tiles and the split of mixed-layout columns run
-    from brrr.compile import lower
     from brrr.compile.codegen import triton as codegen
+    from brrr.compile.lowering import core as lower
     if small_thresholds:
         monkeypatch.setattr(codegen, "ACROSS_MIN_X", 32)
         monkeypatch.setattr(lower, "SPLIT_ACROSS_MAX_X", 1 << 20)

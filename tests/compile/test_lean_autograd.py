@@ -255,7 +255,7 @@ def test_a_call_on_fake_tensors_runs_no_kernel_and_gives_the_outputs_metadata(mo
     # the next bucket's example inputs
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from brrr.compile.launch import Launcher
+    from brrr.compile.runtime.launch import Launcher
 
     compiled = []
 
@@ -288,7 +288,7 @@ def test_a_call_on_fake_tensors_runs_no_kernel_and_gives_the_outputs_metadata(mo
 def test_which_input_updates_the_lean_runtime_writes_back():
     from types import SimpleNamespace as NS
 
-    from brrr.compile.lean_autograd import _mutation_reason
+    from brrr.compile.runtime.lean_autograd import _mutation_reason
 
     def meta(*infos, mutated=(0,)):
         plain = dict(mutates_data=False, mutates_metadata=False, mutates_storage_metadata=False, requires_grad=False)
@@ -325,7 +325,7 @@ def _backward_frees(monkeypatch, owns):
 
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from brrr.compile import launch, lean_autograd, runtime
+    from brrr.compile.runtime import compiled as runtime, launch, lean_autograd
 
     events = []
 

@@ -1,5 +1,5 @@
-"""Linear + cross-entropy without logits: the chunked op (linear_cross_entropy_op.py) against a float64
-reference, and the pass (linear_cross_entropy_pass.py) on compiled models against eager."""
+"""Linear + cross-entropy without logits: the chunked op (matmul/linear_cross_entropy.py) against a float64
+reference, and the pass (passes/linear_cross_entropy.py) on compiled models against eager."""
 
 import copy
 import re
@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import brrr
-from brrr.compile import linear_cross_entropy_op as op
-from brrr.compile import linear_cross_entropy_pass as fuse
+from brrr.compile.matmul import linear_cross_entropy as op
+from brrr.compile.passes import linear_cross_entropy as fuse
 
 ROWS, HIDDEN, VOCAB = 37, 8, 101   # 101: a vocabulary whose rows are not 16-byte aligned (logits transposed)
 

@@ -1,4 +1,4 @@
-"""The table of math ops that lowering checks and codegen renders (brrr.compile.mathops): both sides agree,
+"""The table of math ops that lowering checks and codegen renders (brrr.compile.ir.mathops): both sides agree,
 and an op codegen cannot render runs as ATen on its own instead of failing its graph."""
 
 import ast
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import brrr
-from brrr.compile import ir, mathops
 from brrr.compile.codegen.shim import HELPERS
 from brrr.compile.codegen.triton import Codegen
+from brrr.compile.ir import mathops, nodes as ir
 from brrr.compile.lowering.pointwise import BINARY, COMPARE, UNARY
 from tests.compile.helpers import compiled
 

@@ -1,4 +1,4 @@
-"""Matmul epilogues (matmul_fusion.py, codegen/matmul_epilogue.py): a matmul and the pointwise kernel reading its
+"""Matmul epilogues (matmul/fusion.py, matmul/epilogue.py): a matmul and the pointwise kernel reading its
 product as one template kernel, against eager (float64 references for half types)."""
 
 import copy
@@ -168,7 +168,7 @@ class FakeTimer:
 
 @pytest.fixture
 def timed(monkeypatch, tmp_path):
-    from brrr.compile import matmul_choice, matmul_fusion
+    from brrr.compile.matmul import choice as matmul_choice, fusion as matmul_fusion
 
     monkeypatch.setenv("BRRR_MATMUL_TEMPLATES", "auto")
     monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
@@ -187,7 +187,7 @@ def _relu_mm(x, w):
 
 @pytest.mark.parametrize("cublas_us,fuses", [(50.0, True), (1.0, False)])
 def test_auto_keeps_the_way_that_timed_faster_and_caches_it_on_disk(timed, tmp_path, cublas_us, fuses):
-    from brrr.compile import matmul_choice
+    from brrr.compile.matmul import choice as matmul_choice
 
     x, w = torch.randn(40, 24), torch.randn(24, 36)
     timer = timed(FakeTimer(cublas_us, 10.0))
@@ -215,7 +215,7 @@ def test_auto_fuses_nothing_without_a_device_to_time_on(monkeypatch):
 
 
 def test_a_way_that_fails_to_run_is_never_chosen(tmp_path, monkeypatch):
-    from brrr.compile import matmul_choice
+    from brrr.compile.matmul import choice as matmul_choice
 
     monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(matmul_choice, "_MEMO", {})
@@ -236,7 +236,7 @@ def test_brrr_compile_takes_the_choice_as_an_option(monkeypatch):
 
     import contextlib
 
-    from brrr.compile import kernel_registry
+    from brrr.compile.runtime import kernel_registry
 
     launched = []
     monkeypatch.setattr(kernel_registry, "LAUNCH_HOOK", lambda name: launched.append(name) or contextlib.nullcontext())
@@ -267,8 +267,8 @@ def test_a_dropout_and_residual_epilogue_keeps_what_it_keeps_scaled(templates):
 @pytest.fixture
 def tma_templates(templates, monkeypatch):
     """Fusion into the TMA persistent template under the interpreter, with a tile the small shapes fill."""
-    from brrr.compile import matmul_fusion
-    from brrr.compile.matmul_configs import TileConfig
+    from brrr.compile.matmul import fusion as matmul_fusion
+    from brrr.compile.matmul.configs import TileConfig
 
     monkeypatch.setattr(matmul_fusion, "TMA_INTERPRETED", True)
     monkeypatch.setattr(matmul_fusion, "tma_config", lambda m, n, k, dtype, batch=1:
@@ -357,7 +357,7 @@ def test_an_unaligned_input_is_read_from_an_aligned_copy(tma_templates):
 def test_a_tma_descriptor_written_through_refuses_unaligned_memory():
     """A copy would lose what the kernel writes: a store descriptor of memory off 16-byte alignment is an error
     (brrr stores only into buffers it allocated, which are aligned)."""
-    from brrr.compile.runtime import tma_descriptor
+    from brrr.compile.runtime.compiled import tma_descriptor
 
     base = torch.zeros(41 * 32, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="16-byte alignment"):
@@ -366,7 +366,7 @@ def test_a_tma_descriptor_written_through_refuses_unaligned_memory():
 
 
 def test_a_tma_descriptor_of_unaligned_memory_reads_an_aligned_copy():
-    from brrr.compile.runtime import tma_descriptor
+    from brrr.compile.runtime.compiled import tma_descriptor
 
     base = torch.arange(41 * 32, dtype=torch.float32).to(torch.bfloat16)
     odd = base[1:1 + 40 * 32].view(40, 32)

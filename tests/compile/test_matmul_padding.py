@@ -1,4 +1,4 @@
-"""Unaligned matmuls padded before lowering (brrr/compile/matmul_padding.py): the rewritten graph computes the
+"""Unaligned matmuls padded before lowering (brrr/compile/passes/pad_matmuls.py): the rewritten graph computes the
 same values with the same strides, the cost model pads only where it pays, and end to end through brrr's
 kernels a linear + cross-entropy over an odd vocabulary trains as eager does, with the pads fused."""
 
@@ -7,7 +7,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import brrr
-from brrr.compile import matmul_padding as mp
+from brrr.compile.passes import pad_matmuls as mp
 from tests.compile.helpers import compiled
 
 aten = torch.ops.aten

@@ -1,4 +1,4 @@
-"""Matmul prologues (matmul_fusion.foldable_producers, codegen/matmul_prologue.py): an operand's cheap producer
+"""Matmul prologues (fusion.foldable_producers, matmul/prologue.py): an operand's cheap producer
 computed in the template's K loop. Each folded kernel is checked against the same template with the operand
 loaded from its producer's output, bit for bit (the prologue must round as the producer's store did), and
 against eager."""
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import brrr
-from brrr.compile import matmul_fusion
+from brrr.compile.matmul import fusion as matmul_fusion
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def test_a_returned_operand_is_not_folded(templates):
 
 
 def test_a_prologue_takes_the_pointer_template_where_tma_would_run(templates, monkeypatch):
-    from brrr.compile.matmul_configs import TileConfig
+    from brrr.compile.matmul.configs import TileConfig
 
     monkeypatch.setattr(matmul_fusion, "TMA_INTERPRETED", True)
     monkeypatch.setattr(matmul_fusion, "tma_config", lambda m, n, k, dtype, batch=1:
@@ -162,7 +162,7 @@ def test_a_prologue_kernel_compiles_for_sm90_on_tensor_cores(templates, monkeypa
     pytest.importorskip("triton.backends.nvidia.compiler")
     from types import SimpleNamespace
 
-    from brrr.compile.matmul_configs import default_config
+    from brrr.compile.matmul.configs import default_config
     from tests.compile.test_matmul_template import _compiled_for_sm90
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)   # the source a GPU gets
@@ -181,7 +181,7 @@ def test_a_prologue_kernel_compiles_for_sm90_on_tensor_cores(templates, monkeypa
 
 
 class WayTimer:
-    """Runs each way once and times it by its place in the order `matmul_fusion._timed_here` builds: cuBLAS, the
+    """Runs each way once and times it by its place in the order `fusion._timed_here` builds: cuBLAS, the
     plain template's tiles, then the prologue template's; `fast` is the place of the way to win."""
 
     def __init__(self, fast):
@@ -195,7 +195,7 @@ class WayTimer:
 
 @pytest.mark.parametrize("prologue_wins", [True, False])
 def test_auto_times_the_prologue_against_loading_the_operand(monkeypatch, tmp_path, prologue_wins):
-    from brrr.compile import matmul_choice
+    from brrr.compile.matmul import choice as matmul_choice
 
     monkeypatch.setenv("BRRR_MATMUL_TEMPLATES", "auto")
     monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))

@@ -1,4 +1,4 @@
-"""The matmul template (codegen/matmul_template.py, matmul_configs.py, template_mm.py) in the Triton interpreter:
+"""The matmul template (matmul/template.py, matmul/configs.py, template_mm.py) in the Triton interpreter:
 values against float64 references, every layout the kernel takes strides for, the epilogues, the configs."""
 
 import json
@@ -11,12 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from brrr.compile import matmul_configs, template_mm
-from brrr.compile.codegen.matmul_template import Activation, Bias, Chain, Scale, chain, generate
-from brrr.compile.matmul_configs import (CONFIGS, DEFAULT_MAX_AREA, SHARED_MEMORY, WAVE_FILL, TileConfig, candidates,
-                                        default_config, wave_area, wave_fill)
-from brrr.compile.template_mm import template_addmm, template_baddbmm, template_bmm
-from brrr.compile.template_mm import template_mm as mm
+from brrr.compile.matmul import configs as matmul_configs, template_mm
+from brrr.compile.matmul.configs import (CONFIGS, DEFAULT_MAX_AREA, SHARED_MEMORY, TileConfig, WAVE_FILL, candidates,
+                                         default_config, wave_area, wave_fill)
+from brrr.compile.matmul.template import Activation, Bias, Chain, Scale, chain, generate
+from brrr.compile.matmul.template_mm import template_addmm, template_baddbmm, template_bmm, template_mm as mm
 from tests.compile.helpers import rel_err
 
 ODD = [(1, 1, 1), (1, 17, 64), (17, 1, 130), (17, 17, 17), (64, 64, 64), (130, 17, 1), (64, 130, 17),
@@ -426,7 +425,7 @@ def test_tma_source_compiles_for_sm90_to_bulk_tensor_copies_and_warpgroup_mma(dt
     arrive by TMA bulk tensor copies, the product is a warpgroup MMA, and the tile fits shared memory. With
     `store`, the product leaves by a bulk tensor copy from shared memory to global memory too."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    from brrr.compile.codegen.matmul_template_tma import generate_tma
+    from brrr.compile.matmul.template_tma import generate_tma
     config = matmul_configs.TMA_CONFIG
     src = generate_tma(dtype, chain(Bias(), Activation("gelu_tanh")), store_descriptor=store)
     path = tmp_path / f"{src.name}.py"

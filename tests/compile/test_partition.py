@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import brrr
-from brrr.compile import runtime
+from brrr.compile.runtime import compiled as runtime
 
 
 class GeluMLP(torch.nn.Module):

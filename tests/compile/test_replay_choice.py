@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import brrr
-from brrr.compile import replay_choice
-from brrr.compile.runtime import CompiledGraph
+from brrr.compile.runtime import replay_choice
+from brrr.compile.runtime.compiled import CompiledGraph
 
 
 class Clock:
@@ -139,7 +139,7 @@ def test_only_replays_lend_their_outputs_and_the_two_ways_take_turns(clock, fake
 
 
 def test_a_graph_that_cannot_capture_launches(clock, fake_cuda_graphs, monkeypatch):
-    from brrr.compile.graphs import GraphedCall
+    from brrr.compile.runtime.cuda_graphs import GraphedCall
 
     monkeypatch.setattr(GraphedCall, "_capture", lambda self, args: False)
     w = torch.randn(4)
@@ -185,7 +185,7 @@ def test_compile_rejects_an_unknown_cuda_graphs_value():
 
 
 def test_the_last_replay_of_a_rejected_graph_can_still_be_tracked(clock, fake_cuda_graphs):
-    from brrr.compile.graphs import Loan
+    from brrr.compile.runtime.cuda_graphs import Loan
 
     w = torch.randn(4)
     call = costed_call(clock, fake_cuda_graphs, launch=(100e-6, 1000e-6), replay=(20e-6, 1080e-6))
@@ -290,7 +290,7 @@ def test_a_device_bound_pair_launches_both(clock, fake_cuda_graphs):
 
 def test_a_backward_that_cannot_capture_launches_and_its_forward_still_decides(clock, fake_cuda_graphs,
                                                                              monkeypatch):
-    from brrr.compile.graphs import GraphedCall
+    from brrr.compile.runtime.cuda_graphs import GraphedCall
 
     capture = GraphedCall._capture
     monkeypatch.setattr(GraphedCall, "_capture", lambda self, args: False if self.pin else capture(self, args))

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 import brrr
-from brrr.compile import fallbacks, runtime
+from brrr.compile import cache as kernel_cache, fallbacks
 from brrr.compile.backend import brrr_backend
+from brrr.compile.runtime import compiled as runtime
 from tests.compile.helpers import compiled
 
 
@@ -81,29 +82,29 @@ def test_dropout_uses_torch_seed():
 def test_corrupted_cache_entry_is_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
     src = "import triton\nimport triton.language as tl\n\n@triton.jit\ndef kx(p, XBLOCK: tl.constexpr):\n    pass\n"
-    k = runtime.load_kernel(src, "kx", "cpu")
+    k = kernel_cache.load_kernel(src, "kx", "cpu")
     (path,) = list((tmp_path / "kernels").glob("brrr_*.py"))
-    runtime._MODULES.clear()
+    kernel_cache._MODULES.clear()
     path.write_text(src[: len(src) // 2])            # half-written entry
-    assert runtime.load_kernel(src, "kx", "cpu") is not None
+    assert kernel_cache.load_kernel(src, "kx", "cpu") is not None
     assert path.read_text() == src
-    runtime._MODULES.clear()
+    kernel_cache._MODULES.clear()
     path.write_bytes(b"\xff\xfe garbage")              # not even text
-    assert runtime.load_kernel(src, "kx", "cpu") is not None
+    assert kernel_cache.load_kernel(src, "kx", "cpu") is not None
     assert path.read_text() == src
     assert k is not None
 
 
 def test_end_to_end_with_fresh_cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
-    runtime._MODULES.clear()
+    kernel_cache._MODULES.clear()
     x = torch.randn(33, 7)
     torch.testing.assert_close(compiled(lambda x: torch.log_softmax(x, -1))(x), torch.log_softmax(x, -1))
     entries = list((tmp_path / "kernels").glob("brrr_*.py"))
     assert entries
     for e in entries:                                  # corrupt every entry; a recompile must still be right
         e.write_text("this is not python (")
-    runtime._MODULES.clear()
+    kernel_cache._MODULES.clear()
     torch._dynamo.reset()
     torch.testing.assert_close(compiled(lambda x: torch.log_softmax(x, -1))(x), torch.log_softmax(x, -1))
 
@@ -247,7 +248,7 @@ def test_flip_is_computed_not_folded_into_a_view():
 
 
 def test_every_host_view_aliases_its_input():
-    from brrr.compile import ir
+    from brrr.compile.ir import nodes as ir
 
     class Target:
         def __init__(self, name, is_view):

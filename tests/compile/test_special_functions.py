@@ -102,7 +102,7 @@ def test_orthogonal_polynomials_keep_aten_on_the_gpu():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from brrr.compile.lower import lower
+    from brrr.compile.lowering.core import lower
     with FakeTensorMode():
         x, n = torch.empty(8, device="cuda"), torch.empty(8, device="cuda")
         gm = make_fx(lambda x, n: (S.chebyshev_polynomial_t(x, n) + 1, S.bessel_j0(x)), tracing_mode="fake")(x, n)

@@ -7,8 +7,9 @@ import warnings
 import pytest
 import torch
 
-from brrr.compile import backend, fallbacks, specialize
+from brrr.compile import backend, fallbacks
 from brrr.compile.backend import brrr_backend
+from brrr.compile.passes import specialize
 
 
 def norm_matmul(x, w):

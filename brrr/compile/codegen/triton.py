@@ -14,10 +14,10 @@ import os
 
 import torch
 
-from brrr.compile import ir, mathops
 from brrr.compile.codegen.shim import prelude
-from brrr.compile.indexing import Ix, Opaque, linear
-from brrr.compile.sizes import cdiv, expr_text, hint, is_symbolic, known_true, symbols_in
+from brrr.compile.ir import mathops, nodes as ir
+from brrr.compile.ir.indexing import Ix, Opaque, linear
+from brrr.compile.ir.sizes import cdiv, expr_text, hint, is_symbolic, known_true, symbols_in
 
 PERSISTENT_MAX = 16384      # reduced elements per row held in registers at once
 PERSISTENT_TILE = 2048      # elements of a persistent reduction's tile when rows are short
@@ -92,7 +92,7 @@ class KernelSource:
         self.ops, self.bytes, self.stores = ops, bytes_moved, stores
         self.nodes = tuple(nodes)   # the IR nodes computed inside the kernel (roots and inlined producers)
         self.symbols = []           # size symbols passed after the pointers (sizes.py), in the source's order
-        self.work = None            # pricing.KernelWork: FLOPs, bytes, ATen ops, modules (runtime.generate_all)
+        self.work = None            # pricing.KernelWork: FLOPs, bytes, ATen ops, modules (compiled.generate_all)
 
 
 class Scope:
@@ -227,7 +227,7 @@ class Codegen:
         raise TypeError(f"cannot render {v!r}")
 
     def op(self, v, a, dts):
-        """Triton source for Op `v` over rendered operands `a` (dtypes `dts`), from brrr.compile.mathops."""
+        """Triton source for Op `v` over rendered operands `a` (dtypes `dts`), from brrr.compile.ir.mathops."""
         why = mathops.refusal(v)
         if why is not None:
             raise NotImplementedError(why)
@@ -659,10 +659,10 @@ class Codegen:
         if is_symbolic(rows) or is_symbolic(chunk):
             return None
         c, b = self.k.full_index()[:2]
-        return rows, Ix.of(c) * chunk + b   # the row lower.split_reduction bounds, at this kernel's index
+        return rows, Ix.of(c) * chunk + b   # the row lowering.core.split_reduction bounds, at this kernel's index
 
     def is_row_bound(self, v):
-        """Whether `v` is the split's `row < rows` (lower.split_reduction) while the unmasked steps render."""
+        """Whether `v` is the split's `row < rows` (lowering.core.split_reduction) while the unmasked steps render."""
         if self.row_bound is None or not isinstance(v, ir.Op) or v.name != "lt":
             return False
         rows, row_index = self.row_bound

@@ -1,14 +1,14 @@
-"""Lowerings: pointwise math, casts and constants (part of lower.py's tables).
+"""Lowerings: pointwise math, casts and constants (part of core.py's tables).
 
 Each function maps one core-ATen op to a Pointwise node whose fn builds the value at an output index."""
 
 import torch
 
-from brrr.compile import ir
-from brrr.compile.indexing import contiguous_strides, linear
-from brrr.compile.ir import Const, IndexValue, Op, Rand
-from brrr.compile.lower import (NotLowered, cast, elementwise, fake, meta, op_name, operands, pw, register,
-                                register_prim, value_of)
+from brrr.compile.ir import nodes as ir
+from brrr.compile.ir.indexing import contiguous_strides, linear
+from brrr.compile.ir.nodes import Const, IndexValue, Op, Rand
+from brrr.compile.lowering.core import (NotLowered, cast, elementwise, fake, meta, op_name, operands, pw, register,
+                                        register_prim, value_of)
 
 
 UNARY = {"abs": "abs", "neg": "neg", "exp": "exp", "exp2": "exp2", "expm1": "expm1", "log": "log", "log2": "log2",

@@ -1,13 +1,13 @@
-"""Lowerings: reductions (sum, mean, amax/amin, prod, arg*, any/all, var/std/var_mean) (part of lower.py's
+"""Lowerings: reductions (sum, mean, amax/amin, prod, arg*, any/all, var/std/var_mean) (part of core.py's
 tables). Composite reductions (var, mean) are Reduction nodes plus a small Pointwise on top."""
 
 import torch
 
-from brrr.compile import ir
-from brrr.compile.ir import Const, IndexValue, Op
-from brrr.compile.indexing import Ix
-from brrr.compile.lower import (NotLowered, cast, device_of, elementwise, kept_index, make_reduction, meta, norm_dims,
-                                op_name, pw, reads_in_one_tile, register, register_prim)
+from brrr.compile.ir import nodes as ir
+from brrr.compile.ir.indexing import Ix
+from brrr.compile.ir.nodes import Const, IndexValue, Op
+from brrr.compile.lowering.core import (NotLowered, cast, device_of, elementwise, kept_index, make_reduction, meta,
+                                        norm_dims, op_name, pw, reads_in_one_tile, register, register_prim)
 
 
 # ------------------------------------------------------------------------------------------ reductions

@@ -1,14 +1,15 @@
 """Lowerings: views (index rewrites, no data moved) and data movement: cat, pad, gather, embedding, index
-(part of lower.py's tables)."""
+(part of core.py's tables)."""
 
 import torch
 
-from brrr.compile import ir, layout
-from brrr.compile.indexing import Ix, Term, contiguous_strides, linear, unflatten
-from brrr.compile.ir import Const, IndexValue, Op
-from brrr.compile.sizes import same
-from brrr.compile.lower import (NotLowered, cast, check_index_input, fake, ge, indirect, lt, masked, meta, op_name,
-                                pw, register, register_prim, value_of, view_node, wrap_negative)
+from brrr.compile.ir import nodes as ir
+from brrr.compile.ir.indexing import Ix, Term, contiguous_strides, linear, unflatten
+from brrr.compile.ir.nodes import Const, IndexValue, Op
+from brrr.compile.ir.sizes import same
+from brrr.compile.lowering.core import (NotLowered, cast, check_index_input, fake, ge, indirect, lt, masked, meta,
+                                        op_name, pw, register, register_prim, value_of, view_node, wrap_negative)
+from brrr.compile.scheduling import layout
 
 
 # ----------------------------------------------------------------------------------------------- views

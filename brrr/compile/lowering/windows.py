@@ -1,4 +1,4 @@
-"""Lowerings: pooling as window reductions (part of lower.py's tables).
+"""Lowerings: pooling as window reductions (part of core.py's tables).
 
 max_pool2d (with indices), avg_pool2d, adaptive_avg_pool2d and their backward ops become Reductions over the
 space (..., OH, OW, KH, KW): output positions, then the positions of a window, reduced. Their kernels walk
@@ -9,10 +9,10 @@ it, enumerated as a small fixed window of candidate output positions (no atomics
 
 import torch
 
-from brrr.compile import ir
-from brrr.compile.indexing import Ix
-from brrr.compile.ir import Const, IndexValue, Op
-from brrr.compile.lower import cast, kept_index, make_reduction, masked, meta, register
+from brrr.compile.ir import nodes as ir
+from brrr.compile.ir.indexing import Ix
+from brrr.compile.ir.nodes import Const, IndexValue, Op
+from brrr.compile.lowering.core import cast, kept_index, make_reduction, masked, meta, register
 
 I64 = torch.int64
 

@@ -22,7 +22,7 @@ import hashlib
 import weakref
 from dataclasses import dataclass, field, fields, replace
 
-from brrr.compile.pricing import KernelWork
+from brrr.compile.scheduling.pricing import KernelWork
 
 LAUNCH_HOOK = None   # brrr.analyze, while it traces a CPU step: name -> context manager around an interpreted launch
 

@@ -1,40 +1,33 @@
 """The compiled callable (codegen -> **runtime**): generated Python with every launch written out.
 
-`build(plan, gm, options)` generates each kernel's Triton module, loads them from the on-disk cache (compiling
-missing ones in a thread pool), and writes one Python function `call(args)` that allocates buffers, launches
-kernels with literal grids and calls ATen for Externs/Fallbacks/views - nothing interprets IR at call time.
-If anything brrr made fails on the first call, the graph reruns as ATen (its FX module) with one warning.
+`build(plan, gm, options)` generates each kernel's Triton module, loads them from the on-disk cache (cache.py),
+compiling missing ones in a thread pool, and writes one Python function `call(args)` that allocates buffers,
+launches kernels with literal grids and calls ATen for Externs/Fallbacks/views - nothing interprets IR at call
+time. If anything brrr made fails on the first call, the graph reruns as ATen (its FX module) with one warning.
 
-Cache: BRRR_CACHE_DIR (default ~/.cache/brrr/kernels)/<sha256(source, triton version, device)>.py, written via
-tmp file + os.replace so concurrent processes never see half a file; an entry is trusted only when its text is
-the source it should hold (else rewritten: corrupt, truncated), and the module runs that source, never cached
-bytecode. Temporary files older than STALE_TMP_S, left by writers that died mid-write, are removed.
+Passes over the generated kernels that belong to other stages come in as `rewrite_kernels`, a hook the backend
+passes (matmul epilogue fusion: brrr.compile.matmul.fusion), so the runtime imports nothing of theirs.
 """
 
 import ast
 import concurrent.futures
-import hashlib
 import os
-import sys
-import time
-import types
-import uuid
 from collections import Counter
 
 import torch
 
-from brrr.compile import among_ranks, fallbacks, ir, kernel_registry, sizes
-from brrr.compile.fallbacks import KernelFailed, MAX_REPLANS, debugging, is_out_of_memory, recover, warn_once
-from brrr.compile.graphs import GraphedCall, SharedPool
-from brrr.compile.inplace import reused_memory
-from brrr.compile.launch import Launcher
-from brrr.compile.replay_choice import ReplayTrial
+from brrr.compile import fallbacks
+from brrr.compile.cache import device_name, load_kernel
 from brrr.compile.codegen.triton import generate
+from brrr.compile.fallbacks import KernelFailed, debugging, is_out_of_memory, recover, warn_once
+from brrr.compile.ir import nodes as ir, sizes
+from brrr.compile.runtime import among_ranks, kernel_registry
+from brrr.compile.runtime.cuda_graphs import GraphedCall, SharedPool
+from brrr.compile.runtime.launch import Launcher, tma_descriptor
+from brrr.compile.runtime.replay_choice import ReplayTrial
+from brrr.compile.scheduling.inplace import reused_memory
 
-_MODULES = {}
 MAX_GRAPH_SHAPES = 8   # CUDA graphs a graph planned at symbolic sizes keeps, one per shape (each holds memory)
-_SWEPT = set()   # cache directories whose dead writers' temporary files this process removed
-STALE_TMP_S = 600
 
 
 def _usable_cpus():
@@ -45,101 +38,18 @@ def _usable_cpus():
         return os.cpu_count() or 8
 
 
-def cache_dir():
-    d = os.environ.get("BRRR_CACHE_DIR")
-    d = os.path.join(d, "kernels") if d else os.path.join(os.path.expanduser("~"), ".cache", "brrr", "kernels")
-    os.makedirs(d, exist_ok=True)
-    if d not in _SWEPT:
-        _SWEPT.add(d)
-        _remove_stale_tmp(d)
-    return d
-
-
-def _remove_stale_tmp(d):
-    """Delete temporary files of writers that died mid-write (killed, or interrupted again while their threads
-    were still writing), in the cache and its cubin folder. A live writer's temporary file exists for
-    microseconds, so an old one is dead."""
-    cutoff = time.time() - STALE_TMP_S
-    for folder in (d, os.path.join(d, "cubin")):
-        try:
-            found = [e for e in os.scandir(folder) if e.name.startswith(".tmp-")]
-        except OSError:   # no cubin folder (no GPU kernel launched yet)
-            continue
-        for entry in found:
-            try:
-                if entry.stat().st_mtime < cutoff:
-                    os.unlink(entry.path)
-            except OSError:   # gone already: another process swept it
-                pass
-
-
-def cache_key(source, device):
-    import triton
-    h = hashlib.sha256()
-    for part in (source, triton.__version__, device, os.environ.get("TRITON_INTERPRET", "")):
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:40]
-
-
-def write_atomic(path, data):
-    """`data` (text or bytes) into `path` through a temporary file renamed into place: whoever reads `path`
-    sees the old file or the whole new one. The temporary file is opened as any file is, so the entry gets the
-    umask's permissions (mkstemp's are the owner's alone: another user sharing the cache could not read it and
-    would rewrite it on every load)."""
-    tmp = os.path.join(os.path.dirname(path), f".tmp-{uuid.uuid4().hex}")
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _read(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def load_kernel(source, name, device):
-    """the @triton.jit function `name` from `source`, via the disk cache (rebuilt if corrupt)."""
-    key = cache_key(source, device)
-    if key in _MODULES:
-        return getattr(_MODULES[key], name)
-    path = os.path.join(cache_dir(), f"brrr_{key}.py")
-    if _read(path) != source:   # missing, truncated, corrupt
-        write_atomic(path, source)
-    # The module runs the source in hand, never bytecode Python cached beside the entry (a stale or corrupt .pyc
-    # passes Python's mtime-and-size check); the file is there for triton.jit, which reads its function's
-    # source back through inspect, and for tracebacks.
-    module = types.ModuleType(f"brrr_kernel_{key}")
-    module.__file__ = path
-    sys.modules[module.__name__] = module
-    try:
-        exec(compile(source, path, "exec"), module.__dict__)
-    except BaseException:
-        sys.modules.pop(module.__name__, None)
-        raise
-    _MODULES[key] = module
-    return getattr(module, name)
-
-
 def kernel_fx_nodes(kernel, rendered=()):
     """The FX nodes whose values `kernel` computes: its roots and every node rendered inside it."""
     nodes = list(kernel.roots) + list(rendered)
     return tuple(dict.fromkeys(n.fx for n in nodes if n.fx is not None and n.fx.op == "call_function"))
 
 
-def generate_all(plan, graph_kind="graph", matmul_templates=None):
+def generate_all(plan, graph_kind="graph", rewrite_kernels=None):
     """KernelSource per kernel step (reverse order, so a reduction read by a later kernel is stored). Every
-    stored node's strides were fixed by the scheduler (brrr.compile.layout). Each kernel takes a name unique in
+    stored node's strides were fixed by the scheduler (scheduling/layout.py). Each kernel takes a name unique in
     the process and is registered with its FLOPs, bytes, ATen ops and modules (kernel_registry.py), for as long
-    as the graph lives."""
+    as the graph lives. `rewrite_kernels(plan, kernels)`, where given, rewrites the plan's steps and kernels in
+    place before they are registered (the backend passes matmul epilogue fusion)."""
     stored = set(plan.stored)
     kernel_of = {r: k for kind, k in plan.steps if kind == "kernel" for r in k.roots}
     out = {}
@@ -163,17 +73,15 @@ def generate_all(plan, graph_kind="graph", matmul_templates=None):
         out[k] = src
         stored |= refs
     plan.stored = stored
-    from brrr.compile import matmul_fusion
-    if matmul_fusion.enabled(matmul_templates):
-        matmul_fusion.fuse_matmul_epilogues(plan, out, interpreted=os.environ.get("TRITON_INTERPRET") == "1",
-                                            option=matmul_templates)
+    if rewrite_kernels is not None:
+        rewrite_kernels(plan, out)
     register_kernels(plan, out, graph_kind)
     return out
 
 
 def register_kernels(plan, kernels, kind):
     """Price every kernel of the plan (pricing.py) and record it under its name (kernel_registry.py)."""
-    from brrr.compile.pricing import fx_flops, graph_shares, kernel_work
+    from brrr.compile.scheduling.pricing import fx_flops, graph_shares, kernel_work
 
     gm = plan.lowering.gm
     totals = graph_shares([tuple(src.nodes) + tuple(k.roots) for k, src in kernels.items()])
@@ -216,8 +124,8 @@ class CompiledGraph:
         self.device = device  # CUDA index: allocations and launches go to the current device, made this one
         self.graphed = None   # a GraphedCall once verified, with cuda_graphs
         self.trial = None     # with cuda_graphs="auto": the ReplayTrial deciding whether to keep self.graphed
-        self.lend = ()        # output positions a replay may return uncopied (see graphs.Loan)
-        self.give = False     # whether a replay gives its other outputs out as its memory (graphs.Given)
+        self.lend = ()        # output positions a replay may return uncopied (see cuda_graphs.Loan)
+        self.give = False     # whether a replay gives its other outputs out as its memory (cuda_graphs.Given)
         self.lent = False     # whether the last call's outputs at those positions are the graph's own memory
         self.pin, self.pinned_ready = (), True   # inputs lent by another graph, and whether they still are
         self.lender = None    # that graph (a backward's forward): with "auto", its trial leads this one's
@@ -356,8 +264,8 @@ class CompiledGraph:
         return self.gm(*args)
 
 
-def build(plan, gm, cuda_graphs=False, kind="graph", matmul_templates=None):
-    kernels = generate_all(plan, kind, matmul_templates)
+def build(plan, gm, cuda_graphs=False, kind="graph", rewrite_kernels=None):
+    kernels = generate_all(plan, kind, rewrite_kernels)
     reused = reused_memory(plan, kernels)
     names, glb = {}, {"torch": torch, "empty_strided": torch.empty_strided, "empty_cuda": _EMPTY_CUDA,
                       "layout": layout, "check_index": check_index, "tma_descriptor": tma_descriptor}
@@ -485,7 +393,7 @@ def build(plan, gm, cuda_graphs=False, kind="graph", matmul_templates=None):
     named = sizes.symbols_in("\n".join(line.split("  #")[0] for line in lines[bindings_at:]))
     lines[bindings_at:bindings_at] = [f"    {line}" for line in symbol_bindings(placeholders, named)]
     source = "\n".join(free_dead_buffers(drop_unused_views(lines), [fx.name for fx in placeholders])) + "\n"
-    device = _device_name(plan)
+    device = device_name(plan)
     # Triton compiles kernels mostly outside the GIL (MLIR passes, ptxas): one thread per core
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(_usable_cpus(), max(1, len(launches)))) as pool:
         futs = {ks.name: pool.submit(_load_and_warm, ks, device) for ks in launches}
@@ -650,20 +558,6 @@ def symbol_bindings(placeholders, named=()):
     return lines
 
 
-def tma_descriptor(t, block, transposed, writes=False):
-    """A TMA descriptor of matrix `t` (transposed first where its unit stride is its first), read in `block`
-    tiles. TMA reads 16-byte aligned memory only: a tensor that arrives off that alignment (a graph input sliced
-    at an odd offset) is read from an aligned copy. A descriptor the kernel `writes` through is of a buffer the
-    graph allocated (aligned): a copy would lose the writes, so misalignment there is an error."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    if t.data_ptr() % 16:
-        if writes:
-            raise RuntimeError(f"brrr: a TMA store into memory at {t.data_ptr():#x}, off 16-byte alignment")
-        t = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
-    return TensorDescriptor.from_tensor(t.t() if transposed else t, list(block))
-
-
 def layout(t, stride):
     """t itself when its strides are the ones kernels were generated for, else a copy with those strides.
     None (an output an ATen op left out, e.g. attention's logsumexp in inference) passes through."""
@@ -705,16 +599,6 @@ def _cuda_device(plan):
         if isinstance(fake, torch.Tensor) and fake.device.type == "cuda":
             return fake.device.index if fake.device.index is not None else torch.cuda.current_device()
     return None
-
-
-def _device_name(plan):
-    for n in plan.lowering.nodes:
-        if n is not None and n.meta.get("fake") is not None and isinstance(n.meta["fake"], torch.Tensor):
-            d = n.meta["fake"].device
-            if d.type == "cuda":
-                return torch.cuda.get_device_name(d)
-            return str(d.type)
-    return "cpu"
 
 
 def _load_and_warm(ks, device):

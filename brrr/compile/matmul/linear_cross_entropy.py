@@ -1,4 +1,4 @@
-"""Linear + cross-entropy in chunks of rows, never holding the logits (capture -> linear_cross_entropy_pass puts
+"""Linear + cross-entropy in chunks of rows, never holding the logits (capture -> passes/linear_cross_entropy.py puts
 these ops in the graph -> AOTAutograd -> lower, where they are Externs -> runtime calls them).
 
     loss, grad_x, grad_weight, grad_bias = torch.ops.brrr.fused_linear_cross_entropy_with_grads(
@@ -35,8 +35,8 @@ from typing import Optional, Tuple
 import torch
 import torch.utils.flop_counter
 
-from brrr.compile.matmul_padding import ALIGN_BYTES, alignment_bytes
-from brrr.compile.sizes import cdiv
+from brrr.compile.ir.sizes import cdiv
+from brrr.compile.passes.pad_matmuls import ALIGN_BYTES, alignment_bytes
 
 CHUNK_BYTES = 256 << 20   # logits of one chunk, in x's dtype
 ROWS_PER_HIDDEN = 2       # a chunk has at least this many rows per hidden unit (see chunk_rows)

@@ -23,14 +23,18 @@ scalar arguments or launch attributes keep Triton's launcher. BRRR_STATIC_LAUNCH
 A size argument is compiled as int32 when the first launch's value fits (Triton's rule for unspecialized
 ints); a direct launch with a larger size would truncate it, so such a call takes the JIT path, which compiles
 an int64 variant.
+
+`tma_descriptor` makes the host-side TMA descriptors a matmul template kernel takes for its operands: the
+generated call makes them per call, and the matmul stage when it times the template.
 """
 
 import os
 
 import torch
 
-from brrr.compile import kernel_registry
+from brrr.compile.cache import cache_dir, write_atomic
 from brrr.compile.fallbacks import KernelFailed
+from brrr.compile.runtime import kernel_registry
 
 _PLAIN = (int, float, bool, type(None))
 
@@ -50,6 +54,20 @@ def _device_tensor(a):
 def _is_descriptor(a):
     """A host-side TMA descriptor (triton.tools.tensor_descriptor.TensorDescriptor)."""
     return type(a).__name__ == "TensorDescriptor"
+
+
+def tma_descriptor(t, block, transposed, writes=False):
+    """A TMA descriptor of matrix `t` (transposed first where its unit stride is its first), read in `block`
+    tiles. TMA reads 16-byte aligned memory only: a tensor that arrives off that alignment (a graph input sliced
+    at an odd offset) is read from an aligned copy. A descriptor the kernel `writes` through is of a buffer the
+    graph allocated (aligned): a copy would lose the writes, so misalignment there is an error."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if t.data_ptr() % 16:
+        if writes:
+            raise RuntimeError(f"brrr: a TMA store into memory at {t.data_ptr():#x}, off 16-byte alignment")
+        t = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+    return TensorDescriptor.from_tensor(t.t() if transposed else t, list(block))
 
 
 def _hook_chain_idle(hook):
@@ -105,8 +123,6 @@ def _cubin_file(kernel):
     """The kernel's cubin on disk (the static launcher loads it from a path), next to brrr's kernel cache. As
     with kernel sources, a file is trusted only when it holds the kernel's bytes (else rewritten: truncated,
     corrupt)."""
-    from brrr.compile.runtime import cache_dir, write_atomic
-
     cubin = kernel.asm["cubin"]
     path = os.path.join(cache_dir(), "cubin", f"{kernel.hash}.cubin")
     try:

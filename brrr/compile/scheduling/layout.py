@@ -16,9 +16,9 @@ eager's strides; one only kernels see is dense in the order of the kernel that w
 
 import re
 
-from brrr.compile import ir
-from brrr.compile.indexing import Ix, Opaque, linear
-from brrr.compile.sizes import hint, known_true, same, size
+from brrr.compile.ir import nodes as ir
+from brrr.compile.ir.indexing import Ix, Opaque, linear
+from brrr.compile.ir.sizes import hint, known_true, same, size
 
 _DIM = "@"                      # index variables of the probe: "@0", "@1", ... (never rendered into a kernel)
 _DIM_IN = re.compile(r"@(\d+)")

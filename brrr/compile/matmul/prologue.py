@@ -1,11 +1,11 @@
-"""Matmul prologues: an operand's cheap producer computed in the template's K loop (matmul_fusion -> **codegen** ->
+"""Matmul prologues: an operand's cheap producer computed in the template's K loop (matmul fusion -> **codegen** ->
 runtime).
 
 A pointwise kernel that only makes a matmul operand (a cast of fp32 weights to bf16 under autocast, a scale, a
 transpose made contiguous) writes the operand and the matmul reads it back. Folded, the template loads what
 that kernel loaded and computes the operand's block in registers: the operand never reaches memory and the
 producer's launch is gone. The operand's element (row, k) of A or (k, column) of B is named by
-`matmul_template.PROLOGUE_INDEX`; brrr's pointwise codegen renders the producer's value there, through the
+`template.PROLOGUE_INDEX`; brrr's pointwise codegen renders the producer's value there, through the
 operand's view (a transposed weight is a host view of the cast's output), and rounds it to the operand's dtype
 as the producer's store did, so the product is the unfused one's bit for bit.
 
@@ -17,10 +17,10 @@ iota. `refusal` says why not otherwise (explain lists it).
 
 import torch
 
-from brrr.compile import ir
-from brrr.compile.codegen.matmul_template import PROLOGUE_INDEX, Prologue
 from brrr.compile.codegen.triton import Codegen, Scope, compute_dtype
-from brrr.compile.indexing import Ix
+from brrr.compile.ir import nodes as ir
+from brrr.compile.ir.indexing import Ix
+from brrr.compile.matmul.template import PROLOGUE_INDEX, Prologue
 
 PROLOGUE_OPS = frozenset({"cast", "round_to", "mul", "add", "sub", "neg", "div"})
 PROLOGUE_MAX_OPS = 6

@@ -1,15 +1,15 @@
 """Runs the matmul template (codegen -> **runtime**): mm, addmm, bmm and baddbmm as brrr's own Triton kernel.
 
-Not wired into the compiler yet (its matmuls are still ATen Externs, `lower.EXTERN_OPS`): these entry points
+Not wired into the compiler yet (its matmuls are still ATen Externs, `lowering.core.EXTERN_OPS`): these entry points
 call the template directly, for tests and for the later integration (epilogue fusion, autotuning against
 cuBLAS). Each call picks the kernel source (dtype, epilogue, TF32 setting, 64-bit offsets, interpreter),
-loads it through the runtime's kernel cache (`runtime.load_kernel`: on disk by source, one module per source
+loads it through the runtime's kernel cache (`cache.load_kernel`: on disk by source, one module per source
 in the process), allocates the output (or writes into `out`), computes the grid and launches through the JIT.
 Sizes, strides and alpha/beta are kernel arguments, so a new shape or layout reuses the compiled kernel.
 
 On a Hopper GPU (compute capability 9 or more) a 2-D product of 16-bit operands that TMA can read (one unit
 stride each, the other a multiple of 16 bytes, 16-byte aligned) and at least one tile each way runs the TMA
-persistent template (codegen/matmul_template_tma.py) instead; `tma=` forces the choice (tests run it in the
+persistent template (template_tma.py) instead; `tma=` forces the choice (tests run it in the
 interpreter).
 
 Semantics follow ATen's: `beta * bias + alpha * (a @ b)`, with the bias ignored (its NaNs too) when beta is 0;
@@ -21,10 +21,10 @@ import os
 
 import torch
 
-from brrr.compile.codegen.matmul_template import TL, Activation, Bias, Scale, chain, generate
-from brrr.compile.codegen.matmul_template_tma import generate_tma
-from brrr.compile.matmul_configs import default_config, tma_config
-from brrr.compile.runtime import load_kernel
+from brrr.compile.cache import load_kernel
+from brrr.compile.matmul.configs import default_config, tma_config
+from brrr.compile.matmul.template import Activation, Bias, Scale, TL, chain, generate
+from brrr.compile.matmul.template_tma import generate_tma
 
 INT32_LIMIT = 2 ** 31
 MAX_BLOCK = 256        # no config's tile side is longer: rows and columns past M, N stay within this of them
@@ -149,7 +149,7 @@ def _launch_tma(a, b, out, epilogue, extra, plan, m, n, k):
 def launch(a, b, out, epilogue=None, epilogue_args=None, config=None, tma=None):
     """out[i] = epilogue(a[i] @ b[i]) for 3-D a [B, M, K], b [B, K, N], out [B, M, N] of one dtype, any strides
     (a batch stride of 0 broadcasts an operand). `epilogue_args`: keywords for `epilogue.bind`. `config`: a
-    `matmul_configs.TileConfig`, else `default_config`'s (`tma_config`'s on the TMA template). `tma`: whether
+    `configs.TileConfig`, else `default_config`'s (`tma_config`'s on the TMA template). `tma`: whether
     the TMA persistent template runs where the operands allow it (None: on Hopper GPUs)."""
     batch, m, k = a.shape
     n = b.shape[2]

@@ -22,8 +22,8 @@ import itertools
 
 import torch
 
-from brrr.compile import ir
-from brrr.compile.sizes import same
+from brrr.compile.ir import nodes as ir
+from brrr.compile.ir.sizes import same
 
 _aten = torch.ops.aten
 FRESH_EXTERNS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,

@@ -1,7 +1,7 @@
 """Launch or replay: the choice `cuda_graphs="auto"` (the default) makes for each compiled graph by timing both
 (codegen -> **runtime**).
 
-A CUDA-graph replay (graphs.py) launches a whole graph at once, but it copies the inputs that moved in and the
+A CUDA-graph replay (cuda_graphs.py) launches a whole graph at once, but it copies the inputs that moved in and the
 outputs out, and keeps the graph's memory. It pays when the host, launching kernel after kernel, keeps the
 GPU waiting; it costs when the GPU is the bottleneck. Which one holds depends on the host as much as on the
 graph: the seed MLP's train step is host-bound on one H100 host and nearly balanced on another, and a Python
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from brrr.compile import among_ranks
+from brrr.compile.runtime import among_ranks
 
 SAMPLES = 5          # timed calls each way
 TRIAL_CALLS = 1 + 1 + 2 * SAMPLES + 1   # the checking call, the capture, the timed calls in turn, and the

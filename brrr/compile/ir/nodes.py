@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from brrr.compile.indexing import contiguous_strides, linear
+from brrr.compile.ir.indexing import contiguous_strides, linear
 
 # ---------------------------------------------------------------------------------------------- values
 
@@ -156,7 +156,7 @@ def contiguous(shape):
 
 def walk(value, seen=None):
     """All Values reachable from `value` (loads inside indirect indices included)."""
-    from brrr.compile.indexing import Opaque
+    from brrr.compile.ir.indexing import Opaque
     seen = {} if seen is None else seen
     stack = [value]
     while stack:

@@ -16,7 +16,7 @@ import itertools
 import weakref
 from dataclasses import dataclass
 
-from brrr.compile.sizes import expr_text, known_true, size
+from brrr.compile.ir.sizes import expr_text, known_true, size
 
 
 @dataclass(frozen=True)

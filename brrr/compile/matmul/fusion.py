@@ -1,10 +1,10 @@
 """Matmul epilogues: an mm/bmm/addmm and the pointwise kernel that reads its product become one kernel
 (schedule -> codegen -> **this pass over the generated plan** -> runtime).
 
-After each kernel's source is generated (runtime.generate_all), every matmul Extern is offered to the first
+After each kernel's source is generated (runtime.compiled.generate_all), every matmul Extern is offered to the first
 pointwise kernel that reads its product. They fuse when:
 - the matmul is `mm`, `bmm` or `addmm` (alpha = beta = 1) of fp32, bf16 or fp16 operands brrr's template takes;
-- that kernel walks the product's elements and reads each at its own index (codegen/matmul_epilogue.py checks
+- that kernel walks the product's elements and reads each at its own index (epilogue.py checks
   the rendered index);
 - nothing else reads the product before that kernel runs, and no step in between writes an operand.
 The fused kernel runs where the consumer ran. It still stores the product when a later step or the graph's
@@ -12,20 +12,23 @@ outputs read it (a training forward saves a pre-activation for its backward); ot
 reaches memory. Each refusal is recorded on the plan (explain lists it).
 
 An operand that only a cheap pointwise kernel makes, and only this matmul reads, is computed in the template's
-K loop instead (a prologue: `foldable_producers`, codegen/matmul_prologue.py); that kernel leaves the plan.
+K loop instead (a prologue: `foldable_producers`, prologue.py); that kernel leaves the plan.
 
-Whether it pays is decided by matmul_choice.py (`BRRR_MATMUL_TEMPLATES`: off by default; "1" always fuses, "auto"
+Whether it pays is decided by choice.py (`BRRR_MATMUL_TEMPLATES`: off by default; "1" always fuses, "auto"
 times the ways on the GPU per problem, cached on disk; measured in benchmarks/NOTES.md).
 """
 
+import os
+
 import torch
 
-from brrr.compile import ir, matmul_choice
 from brrr.compile.fallbacks import recover
-from brrr.compile.inplace import root_of, step_reads
-from brrr.compile.codegen.matmul_epilogue import EpilogueRefused, generate_fused, strides_of, with_config
-from brrr.compile.codegen.matmul_template import TL
-from brrr.compile.matmul_configs import TMA_CONFIGS, candidates, default_config, fits, tma_config, wave_area
+from brrr.compile.ir import nodes as ir
+from brrr.compile.matmul import choice as matmul_choice
+from brrr.compile.matmul.configs import TMA_CONFIGS, candidates, default_config, fits, tma_config, wave_area
+from brrr.compile.matmul.epilogue import EpilogueRefused, generate_fused, strides_of, with_config
+from brrr.compile.matmul.template import TL
+from brrr.compile.scheduling.inplace import root_of, step_reads
 
 _aten = torch.ops.aten
 MATMULS = {_aten.mm.default, _aten.bmm.default, _aten.addmm.default}
@@ -34,6 +37,17 @@ TIMED_DEVICES = ("cuda",)   # where "auto" times the two ways (tests add "cpu": 
 
 def enabled(option=None):
     return matmul_choice.mode(option) != "off"
+
+
+def epilogue_pass(option=None):
+    """What the backend hands the runtime as its `rewrite_kernels` hook: `fuse_matmul_epilogues` over a plan's
+    generated kernels, or None where `option` (else BRRR_MATMUL_TEMPLATES) turns the templates off."""
+    if not enabled(option):
+        return None
+
+    def fuse(plan, kernels):
+        fuse_matmul_epilogues(plan, kernels, interpreted=os.environ.get("TRITON_INTERPRET") == "1", option=option)
+    return fuse
 
 
 class FusedMatmul:
@@ -80,7 +94,7 @@ def _writes(kind, step, kernels):
 
 def fuse_matmul_epilogues(plan, kernels, interpreted, option=None):
     """Rewrite `plan.steps` and `kernels` (schedule.Kernel -> KernelSource) in place; returns the fused steps."""
-    from brrr.compile import kernel_registry
+    from brrr.compile.runtime import kernel_registry
 
     L = plan.lowering
     outputs = {root_of(o) for o in L.outputs if isinstance(o, ir.Node)}
@@ -188,10 +202,10 @@ def fuse_matmul_epilogues(plan, kernels, interpreted, option=None):
 def foldable_producers(plan, kernels, mm, a, b, fused_at, outputs):
     """{"a" | "b": (the pointwise kernel whose only output is that operand's memory, that memory's node)} for
     operands of the 2-D product `mm` cheap enough to compute in the template's K loop instead of loading them
-    (codegen/matmul_prologue.py): nothing else reads the operand, the graph does not return it, and no step
+    (prologue.py): nothing else reads the operand, the graph does not return it, and no step
     before `fused_at` (where the fused kernel will run) writes what its producer reads. Each operand refused
     for another reason than having no such producer is recorded on the plan."""
-    from brrr.compile.codegen.matmul_prologue import operand_value, operand_views, refusal
+    from brrr.compile.matmul.prologue import operand_value, operand_views, refusal
 
     if len(mm.shape) != 2:
         return {}
@@ -237,8 +251,8 @@ TMA_INTERPRETED = False   # tests: fuse into the TMA template under the interpre
 
 def tma_tile(mm, a, interpreted):
     """The TMA template's tile for the product `mm` = a @ b where it runs (a Hopper GPU, or the interpreter when
-    tests ask), else None: `matmul_configs.tma_config`'s rule (2-D, 16-bit, at least one tile each way)."""
-    from brrr.compile.template_mm import _tensor_descriptor
+    tests ask), else None: `configs.tma_config`'s rule (2-D, 16-bit, at least one tile each way)."""
+    from brrr.compile.matmul.template_mm import _tensor_descriptor
 
     device = mm.meta["fake"].device
     if interpreted:
@@ -256,7 +270,7 @@ def _timed(plan, mm, a, b, bias, fused, consumer_src, tma_fused=None, producers=
     """(the fused KernelSource at its fastest tile, None) when it beats cuBLAS + the consumer's kernel on this
     GPU, else (None, why). `folded`: the fused kernel with operand prologues, timed against the others with
     `producers` (the kernels those prologues replace) run before each of them. Timed once per problem
-    (matmul_choice.py), on real tensors: outside the fake and functional modes AOTAutograd compiles under."""
+    (choice.py), on real tensors: outside the fake and functional modes AOTAutograd compiles under."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():
@@ -264,7 +278,8 @@ def _timed(plan, mm, a, b, bias, fused, consumer_src, tma_fused=None, producers=
 
 
 def _timed_here(plan, mm, a, b, bias, fused, consumer_src, tma_fused, producers, folded):
-    from brrr.compile.runtime import _device_name, load_kernel, tma_descriptor
+    from brrr.compile.cache import device_name, load_kernel
+    from brrr.compile.runtime.launch import tma_descriptor
 
     device = mm.meta["fake"].device
     if device.type not in TIMED_DEVICES:
@@ -276,7 +291,7 @@ def _timed_here(plan, mm, a, b, bias, fused, consumer_src, tma_fused, producers,
                     key=lambda c: wave_area(c, m, n, batch))
     tiles = [first] + others[:matmul_choice.MAX_TILES - 1]
     tma_tiles = [t for t in TMA_CONFIGS if fits(t, mm.dtype)][:2] if tma_fused is not None else []
-    name = _device_name(plan)
+    name = device_name(plan)
     key = matmul_choice.problem_key(name, fused.source, consumer_src.source, repr(tiles),
                                     tma_fused.source if tma_fused is not None else "", repr(tma_tiles),
                                     *[p.source for p in producers],

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from brrr.compile.sizes import hint
+from brrr.compile.ir.sizes import hint
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,8 @@ def graph_shares(computed):
 def kernel_work(kernel, source, totals, flops_of, position):
     """KernelWork of one kernel: `kernel` the schedule.Kernel, `source` its codegen.KernelSource, `totals` from
     graph_shares, `flops_of(fx)` memoized fx_flops, `position` {FX node: its place in the graph}."""
+    from brrr.compile.scheduling.schedule import load_bytes
     from brrr.cost.ops import tensor_bytes
-    from brrr.compile.schedule import load_bytes
 
     space_numel = kernel.xnumel() * kernel.rnumel()
     read = written = 0

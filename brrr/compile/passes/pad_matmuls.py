@@ -34,7 +34,7 @@ import os
 
 import torch
 
-from brrr.compile.sizes import hint, known_true
+from brrr.compile.ir.sizes import hint, known_true
 
 aten = torch.ops.aten
 

@@ -8,7 +8,7 @@ programs running at once share A's rows and B's columns in L2.
 
 Sizes and strides are kernel arguments, not baked in: one source serves every shape, layout (transposed and
 sliced operands, a batch stride of 0 for a broadcast operand) and tile configuration (the block sizes are
-constexprs, `brrr.compile.matmul_configs` picks them). What the source does depend on: the operand dtype,
+constexprs, `brrr.compile.matmul.configs` picks them). What the source does depend on: the operand dtype,
 TF32 for fp32, 64-bit offsets, the interpreter (exact bf16 conversions) and the epilogue.
 
 The epilogue seam: an `Epilogue` contributes kernel parameters, Triton statements that rewrite the fp32 tile
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from brrr.compile import mathops
 from brrr.compile.codegen.shim import prelude
+from brrr.compile.ir import mathops
 
 TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16"}
 DTYPES = tuple(TL)
@@ -251,7 +251,7 @@ OWN = ("M", "N", "K", "stride_ab", "stride_am", "stride_ak", "stride_bb", "strid
 
 @dataclass(frozen=True)
 class Prologue:
-    """An operand computed in the K loop from what its producer read, instead of loaded (matmul_prologue.py
+    """An operand computed in the K loop from what its producer read, instead of loaded (prologue.py
     renders it): Triton statements assigning the operand's [BLOCK_M, BLOCK_K] (A) or [BLOCK_K, BLOCK_N] (B)
     block, in the template's operand form, given the element's indices (PROLOGUE_INDEX) and, in `masked`, an
     `xmask` of the K indices in range. `even`: the same for a K that BLOCK_K divides (no mask)."""
@@ -268,7 +268,7 @@ def generate(dtype, epilogue=None, *, tf32=False, wide=False, interpreted=False,
     wide: offsets in int64 (some tensor spans 2**31 elements or more).
     interpreted: for the Triton interpreter, whose `tl.dot` multiplies bf16 bit patterns as integers and whose
     bf16 casts are inexact: bf16 tiles are widened to fp32 exactly before the dot, the result rounded by hand.
-    The compiler's fused kernels (matmul_epilogue.py) also pass:
+    The compiler's fused kernels (epilogue.py) also pass:
     baked: {name in OWN: int}, sizes and strides written into the source as constants instead of parameters;
     pointers: (a, b, out) parameter names for the operands and the product (the runtime's in_ptr/out_ptr names);
     store_product: False when only the epilogue's own stores leave the kernel (no `out` parameter then);

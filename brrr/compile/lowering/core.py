@@ -3,21 +3,26 @@
 One small function per op family, registered in `LOWERINGS`. Each takes the FX node and its arguments (FX nodes
 replaced by IR nodes) and returns an IR node. Anything without a lowering, or whose lowering refuses
 (`NotLowered(reason)`), becomes a Fallback: a buffer produced by calling the ATen op, with its reason recorded.
+
+This module is the driver, the tables and the helpers the families share; the families (pointwise.py, views.py,
+reductions.py, windows.py) import it and fill its tables, and the package imports them (lowering/__init__.py),
+so whoever imports any part of the lowering gets every family registered.
 """
 
 import operator
 
 import torch
 
-from brrr.compile import ir, layout, mathops
 from brrr.compile.codegen.triton import COLUMN_MIN_RBLOCK, COLUMN_PERSISTENT_MAX, COLUMN_XBLOCK, PERSISTENT_MAX
-from brrr.compile.indexing import Ix, Term, unflatten
-from brrr.compile.ir import Const, IndexValue, Op
-from brrr.compile.sizes import hint, is_symbolic, known_true, same
+from brrr.compile.ir import mathops, nodes as ir
+from brrr.compile.ir.indexing import Ix, Term, unflatten
+from brrr.compile.ir.nodes import Const, IndexValue, Op
+from brrr.compile.ir.sizes import hint, is_symbolic, known_true, same
+from brrr.compile.scheduling import layout
 
 aten = torch.ops.aten
 LOWERINGS = {}
-# the last three are brrr's own ops (linear_cross_entropy_op.py): matmuls and row kernels per chunk
+# the last three are brrr's own ops (matmul/linear_cross_entropy.py): matmuls and row kernels per chunk
 EXTERN_OPS = {"mm", "bmm", "addmm", "baddbmm", "convolution", "convolution_backward",
               "fused_linear_cross_entropy", "fused_linear_cross_entropy_backward",
               "fused_linear_cross_entropy_with_grads"}
@@ -530,7 +535,7 @@ class Lowering:
 
 
 def unrenderable(node, lowered):
-    """Why codegen could not render `node`'s math (brrr.compile.mathops), or None. Checked while lowering, so
+    """Why codegen could not render `node`'s math (brrr.compile.ir.mathops), or None. Checked while lowering, so
     such an op runs as ATen on its own instead of failing its kernel later. The nodes already `lowered` were
     checked: they are read as loads here rather than inlined, so each node's own math is walked once."""
     if not isinstance(node, ir.Node) or node.kind == "buffer":
@@ -577,6 +582,3 @@ def lower(gm, forced=None):
     """`gm` as IR; `forced` maps FX nodes to the reason they must run as ATen calls (a failed kernel's ops)."""
     return Lowering(gm, forced).run()
 
-
-# the op families register themselves in LOWERINGS / PRIMS
-from brrr.compile.lowering import pointwise, reductions, views, windows  # noqa: E402,F401

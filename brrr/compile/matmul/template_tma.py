@@ -1,6 +1,6 @@
 """Matmul template through TMA, persistent -> Triton source (schedule -> **codegen** -> runtime).
 
-The Hopper form of `matmul_template.generate`: the same `out = epilogue(A @ B)` for one 2-D product of 16-bit
+The Hopper form of `template.generate`: the same `out = epilogue(A @ B)` for one 2-D product of 16-bit
 operands, with the three things a probe found worth 20-30 points of cuBLAS's speed over the pointer-based
 template (benchmarks/NOTES.md, "What brings the matmul template to cuBLAS?": 94-105% of cuBLAS on 4096^3 and
 the zoo's LM shapes, against at most ~77%):
@@ -25,9 +25,8 @@ everywhere?").
 
 import torch
 
-from brrr.compile.codegen.matmul_template import (Epilogue, MatmulSource, Tile, grouped_tile, kernel_name,
-                                                  parameters)
 from brrr.compile.codegen.shim import prelude
+from brrr.compile.matmul.template import Epilogue, MatmulSource, Tile, grouped_tile, kernel_name, parameters
 
 DTYPES = (torch.float16, torch.bfloat16)   # wgmma reads 16-bit tiles in either orientation from shared memory
 CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "A_T", "B_T", "NUM_SMS")
@@ -42,7 +41,7 @@ def generate_tma(dtype, epilogue=None, *, wide=False, interpreted=False, baked=N
     """Triton source of the TMA persistent matmul for `dtype` operands (float16 or bfloat16). `wide`: the output
     offsets in int64. `interpreted`: for the Triton interpreter, whose `tl.dot` multiplies bf16 bit patterns as
     integers: bf16 tiles are widened to fp32 exactly before the dot and the result rounded by hand.
-    The compiler's fused kernels (matmul_epilogue.py) also pass, as for `matmul_template.generate`:
+    The compiler's fused kernels (epilogue.py) also pass, as for `template.generate`:
     baked: {name in OWN: int}, sizes and strides written into the source as constants;
     pointers: (a, b, out) parameter names: the two descriptors and the product's pointer;
     store_product: False when only the epilogue's own stores leave the kernel;

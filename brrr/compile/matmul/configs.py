@@ -56,7 +56,7 @@ CONFIGS = (
 )
 
 
-# the TMA persistent template's tile (codegen/matmul_template_tma.py): the fastest or within 4 points of it on
+# the TMA persistent template's tile (template_tma.py): the fastest or within 4 points of it on
 # 4096^3 and five LM shapes; 4 stages of it overflow the H200's shared memory
 TMA_CONFIG = TileConfig(128, 256, 64, 8, 8, 3)
 # the TMA template's candidates for timing: the rule's tile, 128x128 (within 2% of the best on the LM shapes in

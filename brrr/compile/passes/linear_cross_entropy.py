@@ -1,5 +1,5 @@
 """Find linear -> cross_entropy in Dynamo's graph and compute it without logits (capture -> **this pass** ->
-AOTAutograd -> lower -> ...; the op it inserts is linear_cross_entropy_op.py).
+AOTAutograd -> lower -> ...; the op it inserts is matmul/linear_cross_entropy.py).
 
 A language model's head makes logits [rows, vocab], the largest tensor of a training step (GPT-2 at 8x1024:
 823 MB in bf16, twice that once upcast for the loss, and as much again for their gradient), only for
@@ -179,7 +179,7 @@ def _uses_autocast(gm):
 
 def fuse_linear_cross_entropy(gm):
     """Rewrite every linear -> cross_entropy of `gm` (a Dynamo GraphModule) that qualifies; returns the Rewrites."""
-    from brrr.compile import linear_cross_entropy_op as op
+    from brrr.compile.matmul import linear_cross_entropy as op
 
     if _uses_autocast(gm):   # the linear's dtype is autocast's choice, not the graph's values: leave it
         return []

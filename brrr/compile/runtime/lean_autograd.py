@@ -26,8 +26,8 @@ import threading
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from brrr.compile.graphs import Loan
-from brrr.compile.runtime import CompiledGraph, layout
+from brrr.compile.runtime.compiled import CompiledGraph, layout
+from brrr.compile.runtime.cuda_graphs import Loan
 
 # A FakeTensor stands in for a plain tensor: Dynamo's DDPOptimizer compiles each bucket's graph on fake inputs
 # (a fake tensor subclass such as DTensor keeps its own type and stays out).
@@ -202,7 +202,7 @@ def _inference_callable(gm, compiled, unsafe_views, mutated=()):
 
 
 def _copy_kept_gradients(bw_call, args):
-    """A backward replay gives its gradients out as the graph's memory (graphs.Given), which its next replay,
+    """A backward replay gives its gradients out as the graph's memory (cuda_graphs.Given), which its next replay,
     or its forward's, overwrites. Where an input's .grad still holds one (gradients accumulated over several
     steps), that .grad becomes a copy now, so the graphs can replay. The backward's output i is input i's
     gradient."""
@@ -236,7 +236,7 @@ def _training_callable(capture):
         fw_call.lend = tuple(range(n_out, n_out + n_saved))
         bw_call.pin = tuple(range(n_saved))
         bw_call.lender = fw_call
-        bw_call.give = True   # the gradients: the graph's memory, not copies (graphs.Given)
+        bw_call.give = True   # the gradients: the graph's memory, not copies (cuda_graphs.Given)
 
     class LeanCompiledFunction(torch.autograd.Function):
         @staticmethod

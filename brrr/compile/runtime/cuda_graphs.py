@@ -30,7 +30,7 @@ stops being bound by the host. What a replay must get right:
   training loop that zeroes its gradients, or accumulates them, keeps replaying.
 - Capture runs on the second call (the first one checked the kernels) with thread-local capture mode,
   because a backward graph is captured on autograd's device thread while other threads may run.
-- A graph planned at symbolic sizes captures one CUDA graph per shape it replays (runtime.CompiledGraph), and
+- A graph planned at symbolic sizes captures one CUDA graph per shape it replays (compiled.CompiledGraph), and
   those graphs share one memory pool (`SharedPool`): the graph's memory is the largest shape's, not the sum of
   all. Any one of them replaying may then overwrite what another left in the pool, which is harmless for
   outputs copied out, and for lent outputs is why every pending loan of the pool is settled before any

@@ -8,17 +8,18 @@ kernels that share an iteration space: a pointwise space `S`, or a reduction spa
 pointwise prologues/epilogues of shape `S` and per-row outputs (softmax, layer norm: one kernel). Each refusal
 is recorded with its reason for explain.
 
-Each kernel walks its space in memory order (`Kernel.order`, chosen by brrr.compile.layout when the kernel
+Each kernel walks its space in memory order (`Kernel.order`, chosen by brrr.compile.scheduling.layout when the kernel
 is made), and every buffer's strides are fixed as its kernel takes it, so later kernels read it as it will be.
-Kernels are named after what they fuse (brrr.compile.naming) once packing is done.
+Kernels are named after what they fuse (brrr.compile.scheduling.naming) once packing is done.
 """
 
 from dataclasses import dataclass, field
 
-from brrr.compile import ir, layout, mathops
-from brrr.compile.naming import kernel_name
-from brrr.compile.indexing import Ix, linear, unflatten
-from brrr.compile.sizes import hint, same
+from brrr.compile.ir import mathops, nodes as ir
+from brrr.compile.ir.indexing import Ix, linear, unflatten
+from brrr.compile.ir.sizes import hint, same
+from brrr.compile.scheduling import layout
+from brrr.compile.scheduling.naming import kernel_name
 
 
 @dataclass(eq=False)

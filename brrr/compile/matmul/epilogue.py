@@ -1,7 +1,7 @@
-"""A matmul and the pointwise kernel that reads its product, as one Triton kernel (matmul_fusion -> **codegen** ->
+"""A matmul and the pointwise kernel that reads its product, as one Triton kernel (matmul fusion -> **codegen** ->
 runtime).
 
-The matmul template (matmul_template.py) computes a [BLOCK_M, BLOCK_N] tile of `A @ B` (plus addmm's bias) in
+The matmul template (template.py) computes a [BLOCK_M, BLOCK_N] tile of `A @ B` (plus addmm's bias) in
 fp32. Here brrr's own pointwise codegen renders the consumer kernel's roots on that tile: `xindex`, the flat
 index the consumer walks, is the product's element offset `b * M * N + rm * N + rn` (the product is dense
 row-major, and the consumer reads it at exactly its own flat index, else this refuses), `xmask` is the tile's
@@ -16,12 +16,12 @@ are baked in as constants, as in every brrr kernel.
 
 import torch
 
-from brrr.compile import ir
-from brrr.compile.codegen.matmul_prologue import operand_views, render as render_prologue
-from brrr.compile.codegen.matmul_template import Epilogue, Tile, generate
-from brrr.compile.codegen.matmul_template_tma import DTYPES as TMA_DTYPES, descriptor_layout, generate_tma
 from brrr.compile.codegen.triton import Codegen, KernelSource, Scope, needs_int64, op_names
-from brrr.compile.matmul_configs import default_config
+from brrr.compile.ir import nodes as ir
+from brrr.compile.matmul.configs import default_config
+from brrr.compile.matmul.prologue import operand_views, render as render_prologue
+from brrr.compile.matmul.template import Epilogue, Tile, generate
+from brrr.compile.matmul.template_tma import DTYPES as TMA_DTYPES, descriptor_layout, generate_tma
 
 
 class EpilogueRefused(Exception):
@@ -57,9 +57,9 @@ def generate_fused(name, mm, a, b, bias, consumer, stored, load_stored, kernel_o
                    tma=None, prologues=None):
     """KernelSource of `consumer` (a pointwise Kernel) fused after the matmul `mm` (an Extern buffer node computing
     a @ b, plus `bias` for addmm: an IR node or None). Raises EpilogueRefused. `tma`: a TileConfig to run the
-    TMA persistent template with (matmul_template_tma.py), when `tma_operands` takes the operands; else the
+    TMA persistent template with (template_tma.py), when `tma_operands` takes the operands; else the
     pointer template at `default_config`'s tile. `prologues`: {"a" | "b": (the pointwise Kernel that stored the
-    operand's memory, that memory's node)} for operands computed in the K loop instead (matmul_prologue.py; the
+    operand's memory, that memory's node)} for operands computed in the K loop instead (prologue.py; the
     pointer template only)."""
     prologues = dict(prologues or {})
     if prologues and tma is not None:

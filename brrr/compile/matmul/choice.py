@@ -1,10 +1,10 @@
 """Whether a fusable matmul runs as brrr's template with its epilogue or as cuBLAS then the epilogue's kernel,
-and with which tile: by timing, once per problem, cached on disk (matmul_fusion -> **choice** -> runtime).
+and with which tile: by timing, once per problem, cached on disk (matmul fusion -> **choice** -> runtime).
 
 `brrr.compile(model, matmul_templates=...)` ("off", "always", "auto"), else `BRRR_MATMUL_TEMPLATES` (0, 1, auto),
 says how matmul_fusion decides:
 - unset or "0": never fuse (every matmul a cuBLAS Extern), the default until GPU measurements say otherwise;
-- "1": fuse wherever the epilogue can, with `matmul_configs.default_config`'s tile, operand prologues folded
+- "1": fuse wherever the epilogue can, with `configs.default_config`'s tile, operand prologues folded
   wherever they can be (tests, probes);
 - "auto": on a GPU, time cuBLAS + the epilogue's own kernel against the fused kernel at up to `MAX_TILES`
   candidate tiles (and the kernel with operand prologues at as many, the others then running the operands'
@@ -21,6 +21,8 @@ import json
 import os
 
 import torch
+
+from brrr.compile.cache import write_atomic
 
 MAX_TILES = 3
 _MEMO = {}
@@ -72,8 +74,6 @@ def cached(key):
 def choose(key, ways, timer=None):
     """The name of the fastest of `ways` ({name: zero-argument launch}), timed once per key; a way that fails to
     run is not chosen. Returns None when none ran."""
-    from brrr.compile.runtime import write_atomic
-
     found = cached(key)
     if found is not None and found in ways:
         return found

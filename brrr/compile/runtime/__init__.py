@@ -1,0 +1,14 @@
+"""The compiled callable and what runs around it (codegen -> matmul -> **runtime**).
+
+Takes: a scheduled `Plan`, its FX GraphModule and the compile options (CUDA graphs), plus the backend's
+`rewrite_kernels` hook (matmul epilogue fusion) to run over the generated kernels.
+Hands on: a `compiled.CompiledGraph`, a boxed callable that runs the generated `call(args)`; lean_autograd.py
+runs a plain graph's forward and backward without AOTAutograd's wrappers.
+
+compiled.py generates the call and loads the kernels (cache.py); launch.py launches them without the JIT's
+per-call work; cuda_graphs.py replays a whole call as a CUDA graph; replay_choice.py times launching against
+replaying, and among_ranks.py makes data-parallel ranks agree on the verdict; kernel_registry.py records every
+kernel by the name a profiler sees (read by brrr.analyze).
+
+Must not import: passes, lowering, matmul, backend, explain.
+"""
