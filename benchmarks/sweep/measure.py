@@ -27,7 +27,7 @@ from brrr.bench.backends import fresh_compile, stop_inductor_workers
 from brrr.bench.runner import _reason
 from brrr.bench.step import Step, differentiable_outputs, make_cotangents, to_dtype
 from brrr.bench.timing import time_kernel, time_steady
-from brrr.compile.replay_choice import TRIAL_CALLS
+from brrr.compile.runtime.replay_choice import TRIAL_CALLS
 from brrr.cost.device import synchronize
 from kernels import top_kernels
 

@@ -121,7 +121,9 @@ def carried_over(paths, commit, device):
 
 def brrr_logs():
     """brrr's logs of what it decided, as (module, list name) pairs: each configuration records what grew."""
-    from brrr.compile import fallbacks, graph_breaks, replay_choice
+    from brrr.compile import fallbacks
+    from brrr.compile.passes import graph_breaks
+    from brrr.compile.runtime import replay_choice
 
     return {"replay_decisions": replay_choice.DECISIONS, "brrr_fallbacks": fallbacks.LOG,
             "graph_breaks": graph_breaks.LOG}
@@ -147,7 +149,7 @@ def run_config(config, backends, device, cache, versions, quick, rep_ms, profile
     start = time.perf_counter()
     work = None
     try:
-        from brrr.compile import graph_breaks
+        from brrr.compile.passes import graph_breaks
 
         graph_breaks.resync()
         work = config.build(device, quick)
