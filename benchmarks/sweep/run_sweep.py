@@ -15,8 +15,8 @@ its ratio. `--remeasure-peers` measures them again.
 Workers: with `--gpus N`, this process plans and merges; N workers (this script with `--worker I/N`) each
 take configurations of about equal estimated cost, on GPU I alone, pinned to their share of the host's CPUs,
 with fresh compile caches of their own. A configuration does not start once a worker's `--budget-s` is spent;
-`--previous FILE` carries over every configuration that file measured at this commit and GPU, so a sweep cut
-into several calls goes on where the last stopped. Results: `<out>/<date>-<gpu>-<commit>.json` and `.md`
+`--previous FILE` carries over every configuration that file measured on this GPU (each keeps the commit it
+measured, and the report names every commit), so a sweep cut into several calls goes on where the last stopped. Results: `<out>/<date>-<gpu>-<commit>.json` and `.md`
 (rewritten after every configuration) and the peer cache `<out>/peers.json`.
 """
 
@@ -57,7 +57,8 @@ def parse_args(argv=None):
     p.add_argument("--peers", default=str(DEFAULT_PEERS), help="the peer cache to read (default %(default)s)")
     p.add_argument("--remeasure-peers", action="store_true", help="measure Inductor again even where cached")
     p.add_argument("--previous", action="append", default=[],
-                   help="a result file whose configurations measured at this commit and GPU are carried over")
+                   help="a result file whose configurations measured on this GPU are carried over, each with "
+                        "its commit")
     p.add_argument("--budget-s", type=float, default=500.0, help="no configuration starts after this many seconds")
     p.add_argument("--rep-ms", type=float, default=200.0, help="do_bench's timed milliseconds per backend")
     p.add_argument("--gpus", default="1", help="N or 'all': one worker per GPU")
@@ -105,8 +106,8 @@ def selected(args):
     return catalog.interleaved(catalog.select(configs, only, args.family))
 
 
-def carried_over(paths, commit, device):
-    """{name: entry} measured ok at `commit` on `device` in the `--previous` files."""
+def carried_over(paths, device):
+    """{name: entry} measured ok on `device` in the `--previous` files, each entry with its commit."""
     out = {}
     for path in paths:
         results = json.loads(Path(path).read_text())
@@ -114,8 +115,8 @@ def carried_over(paths, commit, device):
         if env.get("device") != device:
             continue
         for name, entry in results["configs"].items():
-            if entry.get("status") == "ok" and entry.get("commit", env.get("commit")) == commit:
-                out[name] = entry
+            if entry.get("status") == "ok":
+                out[name] = dict(entry, commit=entry.get("commit", env.get("commit")))
     return out
 
 
@@ -227,7 +228,7 @@ def run(args):
                                "dynamo": "defaults", "worker": args.worker, "cpus": args.cpus,
                                "peers": str(args.peers), "remeasure_peers": args.remeasure_peers}, "configs": {}}
     peers_out = stem.with_name(stem.name + "-peers.json") if args.worker else out_dir / "peers.json"
-    previous = carried_over(args.previous, commit, device_name)
+    previous = carried_over(args.previous, device_name)
     started = time.perf_counter()
     for config in selected(args):
         if config.name in previous:
