@@ -188,19 +188,6 @@ def torchvision_names(tv):
     return [n for n in registered if n in classifiers], [n for n in registered if n in segmenters]
 
 
-class SegmentationLoss(nn.Module):
-    """A segmentation model's training step: per-pixel cross-entropy of its `out` map."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, images, labels):
-        out = self.model(images)
-        out = out["out"] if isinstance(out, dict) else out
-        return nn.functional.cross_entropy(out, labels)
-
-
 def _segmentation_logits(model):
     class Logits(nn.Module):
         def __init__(self):
@@ -227,7 +214,7 @@ def _torchvision_build(name, segmentation, train, precision):
         if not train:
             return Workload(_segmentation_logits(model).eval(), (images,))
         labels = torch.randint(0, 21, (8, 512, 512), generator=g).to(device)
-        return Workload(SegmentationLoss(model).train(), (images, labels), train=True)
+        return Workload(ClassifierLoss(model).train(), (images, labels), train=True)
     return build
 
 

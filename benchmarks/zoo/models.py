@@ -81,7 +81,8 @@ class LogitsOf(nn.Module):
 
 
 class ClassifierLoss(nn.Module):
-    """A vision model's training step: cross-entropy of its logits against labels."""
+    """A vision model's training step: cross-entropy of its logits against labels (per pixel for a segmentation
+    model's `out` map)."""
 
     def __init__(self, model):
         super().__init__()
@@ -89,7 +90,8 @@ class ClassifierLoss(nn.Module):
 
     def forward(self, images, labels):
         out = self.model(images)
-        logits = out.logits if hasattr(out, "logits") else out[0] if isinstance(out, tuple) else out
+        logits = out.logits if hasattr(out, "logits") else out["out"] if isinstance(out, dict) else \
+            out[0] if isinstance(out, tuple) else out
         return nn.functional.cross_entropy(logits, labels)
 
 
