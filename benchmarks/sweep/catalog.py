@@ -516,14 +516,6 @@ def _plain_scores(model, audio):
     return model(audio)
 
 
-AUDIO = {   # name -> (make(torchaudio), scores, samples per row, classes)
-    "wav2vec2-base": (lambda ta: ta.models.wav2vec2_base(aux_num_out=32), _wav2vec2_scores, 16000 * 4, 32),
-    "conformer": (lambda ta: nn.Sequential(), None, 0, 0),   # replaced below: needs its own head
-    "deepspeech": (lambda ta: ta.models.DeepSpeech(n_feature=80, n_hidden=1024, n_class=32), _deepspeech_scores,
-                   400 * 80, 32),
-}
-
-
 class ConformerHead(nn.Module):
     """torchaudio's Conformer encoder over 80-band features, with a linear head to 32 classes."""
 
@@ -538,7 +530,12 @@ class ConformerHead(nn.Module):
         return self.head(out), lengths
 
 
-AUDIO["conformer"] = (ConformerHead, _conformer_scores, 400 * 80, 32)
+AUDIO = {   # name -> (make(torchaudio), scores, samples per row, classes)
+    "wav2vec2-base": (lambda ta: ta.models.wav2vec2_base(aux_num_out=32), _wav2vec2_scores, 16000 * 4, 32),
+    "conformer": (ConformerHead, _conformer_scores, 400 * 80, 32),
+    "deepspeech": (lambda ta: ta.models.DeepSpeech(n_feature=80, n_hidden=1024, n_class=32), _deepspeech_scores,
+                   400 * 80, 32),
+}
 
 
 def _audio_build(name, train, precision):

@@ -162,10 +162,9 @@ class Reference:
         for i, inputs in enumerate(input_sets):
             if work.reference is not None:
                 model, inputs = work.reference(dtype)
-                tangents = [[c.to(dtype) for c in cs] for cs in cotangents] if cotangents else None
             else:
                 model, inputs, _ = to_dtype(work.model, inputs, None, dtype)
-                tangents = [[c.to(dtype) for c in cs] for cs in cotangents] if cotangents else None
+            tangents = [[c.to(dtype) for c in cs] for cs in cotangents] if cotangents else None
             step = SweepStep(model, model, [inputs], work.train, tangents[i:i + 1] if tangents else None)
             self.precise.append(_host(_flat(*step.run_at(0))))
             del model, step

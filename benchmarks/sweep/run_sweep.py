@@ -89,11 +89,8 @@ def worst_names(count, last):
             raise SystemExit("--worst: no sweep result to read; name one with --last")
         last = files[-1]
     results = json.loads(Path(last).read_text())
-    configs = report.ran(results)
-    failed = sorted(n for n, e in configs.items() if e["rows"].get("brrr", {}).get("status") != "ok")
-    ranked = sorted((n for n in configs if report.ratios(configs[n]).get("best_inductor")),
-                    key=lambda n: report.ratios(configs[n])["best_inductor"])
-    return (failed + [n for n in ranked if n not in failed])[:count]
+    failed = report.summarize(results)["brrr_not_ok"]
+    return (failed + [n for n in report.ranked(results) if n not in failed])[:count]
 
 
 def selected(args):
@@ -268,20 +265,9 @@ def one_line(entry):
         + (f" [{rows['brrr'].get('reason', '')[:120]}]" if rows.get("brrr", {}).get("status") != "ok" else "")
 
 
-def parts(configs, count):
-    """`configs` in `count` shares of about equal estimated cost (the costliest first, each into the lightest
-    share), each share in catalog order."""
-    shares, loads = [[] for _ in range(count)], [0.0] * count
-    for c in sorted(configs, key=lambda c: -c.cost):
-        i = min(range(count), key=lambda j: (loads[j], j))
-        shares[i].append(c)
-        loads[i] += c.cost
-    order = {c.name: i for i, c in enumerate(configs)}
-    return [sorted(s, key=lambda c: order[c.name]) for s in shares]
-
-
 def run_workers(args, count):
     """`count` workers at once, one per GPU; their files merged into one result and one peer cache."""
+    import models
     import sweep_report as report
     from peers import PeerCache
     from result_files import git_commit, result_stem, utc_date
@@ -289,7 +275,7 @@ def run_workers(args, count):
     commit, date = args.commit or git_commit(), utc_date()
     out_dir = Path(args.out or RESULTS_DIR)
     work_dir = Path(tempfile.mkdtemp(prefix="brrr-sweep-workers-"))
-    shares = [s for s in parts(selected(args), count) if s]
+    shares = [s for s in models.parts(selected(args), count) if s]
     cpus = cpu_shares(len(shares))
     procs, relays = [], []
     for i, share in enumerate(shares):

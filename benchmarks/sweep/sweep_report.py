@@ -81,12 +81,17 @@ def summarize(results):
     failed = sorted(n for n, e in configs.items() if e["rows"].get("brrr", {}).get("status") != "ok")
     summary.update(slower_than_eager=slower, behind_best_inductor=behind, brrr_not_ok=failed)
     summary["training_memory_ratio"] = {n: memory_ratio(e) for n, e in configs.items() if e["train"]}
-    ranked = sorted((n for n in configs if ratios(configs[n]).get("best_inductor")),
-                    key=lambda n: ratios(configs[n])["best_inductor"])
     summary["worst"] = [{"name": n, "brrr_over_best_inductor": ratios(configs[n])["best_inductor"],
                          "best_inductor_mode": better_inductor(configs[n]["rows"])[0],
-                         "kernels": configs[n].get("kernels")} for n in ranked[:WORST]]
+                         "kernels": configs[n].get("kernels")} for n in ranked(results)[:WORST]]
     return summary
+
+
+def ranked(results):
+    """The configurations that ran with both brrr and an Inductor mode, brrr's worst ratio to the better first."""
+    configs = ran(results)
+    timed = [n for n in configs if ratios(configs[n]).get("best_inductor")]
+    return sorted(timed, key=lambda n: ratios(configs[n])["best_inductor"])
 
 
 def _fmt(x, spec=".2f", none="—"):

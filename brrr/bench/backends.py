@@ -119,14 +119,12 @@ def strict_dynamo(recompile_limit=64):
 
 def fresh_compile(fn, backend, dynamic=None):
     """`fn` compiled with `backend` after a Dynamo reset; `fn` itself for eager."""
-    if backend in INDUCTOR_MODES:
-        torch._dynamo.reset()
-        return torch.compile(fn, backend="inductor", mode=INDUCTOR_MODES[backend], dynamic=dynamic)
-    resolved = resolve_backend(backend)
+    options = {"mode": INDUCTOR_MODES[backend]} if backend in INDUCTOR_MODES else {}
+    resolved = "inductor" if options else resolve_backend(backend)
     if resolved is None:
         return fn
     torch._dynamo.reset()
-    return torch.compile(fn, backend=resolved, dynamic=dynamic)
+    return torch.compile(fn, backend=resolved, dynamic=dynamic, **options)
 
 
 def stop_inductor_workers():
