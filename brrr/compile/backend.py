@@ -101,9 +101,10 @@ def can_run_kernels(gm):
     return reason is None, reason or ""
 
 
-def plan_graph(gm, forced=None):
-    """FX graph -> scheduled Plan (no kernels run, nothing compiled); `forced` FX nodes run as ATen calls.
-    Unaligned matmuls are padded first, in gm itself (passes/pad_matmuls.py), so its ATen fallback runs them too."""
+def plan_graph(gm, forced=None, split=()):
+    """FX graph -> scheduled Plan (no kernels run, nothing compiled); `forced` FX nodes run as ATen calls, `split`
+    FX nodes' values start kernels of their own (the floor's alternatives, runtime/floor.py). Unaligned matmuls
+    are padded first, in gm itself (passes/pad_matmuls.py), so its ATen fallback runs them too."""
     from brrr.compile.lowering.core import lower
     from brrr.compile.passes.pad_matmuls import pad_matmuls
     from brrr.compile.scheduling.schedule import schedule
@@ -111,7 +112,7 @@ def plan_graph(gm, forced=None):
     # gradient sums chain hundreds (Inductor raises the limit for the same reason)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
     pad_matmuls(gm)
-    return schedule(lower(gm, forced))
+    return schedule(lower(gm, forced), split)
 
 
 def static_inputs(graph_kind):
@@ -142,7 +143,7 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
         reason = None   # planned at symbolic sizes; CUDA graphs are then captured per shape (runtime/compiled.py)
     if reason:
         raise GraphFallback(reason)
-    forced, replans = {}, []
+    forced, split, replans = {}, set(), []
     statics = static_inputs(graph_kind)   # read now: a re-plan may run after AOTAutograd's context has closed
 
     def attempt():
@@ -151,7 +152,7 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
 
     def plan_and_build():
         try:
-            plan = plan_graph(gm, forced)
+            plan = plan_graph(gm, forced, split)
         except Exception as e:
             if debugging():
                 raise
@@ -169,7 +170,33 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
                             kind=graph_kind, rewrite_kernels=rewrite_kernels)
         compiled.static_inputs = statics
         compiled.replan = replan
+        compiled.alternative, compiled.adopt = alternative, adopt
         return compiled
+
+    def alternative(force=(), split_at=()):
+        """The graph compiled again with the FX nodes `force` as ATen calls and the plan split at `split_at`
+        (the floor's alternatives to a slow kernel, runtime/floor.py), or None where that cannot be built. The
+        choices stand only once `adopt`ed."""
+        before = dict(forced), set(split)
+        adopt(force, split_at)
+        try:
+            return attempt()
+        except (KernelFailed, GraphFallback) as e:
+            if debugging():
+                raise
+            fallbacks.log("kernel", graph_kind, "floor alternative", f"{type(e).__name__}: {str(e)[:200]}")
+            return None
+        finally:
+            forced.clear()
+            forced.update(before[0])
+            split.clear()
+            split.update(before[1])
+
+    def adopt(force=(), split_at=()):
+        """Keep an alternative's choices: later plans (a re-plan after a failed kernel) start from them."""
+        forced.update({fx: "measured: ATen ran faster than the kernel fusing it" for fx in force
+                       if fx not in forced})
+        split.update(split_at)
 
     def replan(failure):
         """Add `failure`'s ops to the forced ones and compile again; None when no re-plan is left or it
@@ -232,16 +259,28 @@ def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, matmul_temp
             fallbacks.log("graph", "dynamo", "symbolic sizes", f"{type(e).__name__}: {str(e)[:200]}")
             compiled = None
         if compiled is not None:
-            return compiled
+            return compiled if _sink is not None else _fastest(compiled, eager_forward, example_inputs, True)
     if reason == SYMBOLIC and _sink is None and device_refusal(gm, example_inputs) is None:
-        return PerShape(gm, functools.partial(_compile_static, eager_forward=eager_forward,
-                                              cuda_graphs=cuda_graphs, matmul_templates=matmul_templates,
-                                              recompute=recompute),
-                        eager_forward)
+        return _fastest(PerShape(gm, functools.partial(_compile_static, eager_forward=eager_forward,
+                                                       cuda_graphs=cuda_graphs, matmul_templates=matmul_templates,
+                                                       recompute=recompute),
+                                 eager_forward), eager_forward, example_inputs, True)
     if reason:
         return _dynamo_graph_fallback(reason, eager_forward, _sink)
-    return _compile_static(gm, example_inputs, eager_forward, cuda_graphs, _sink, matmul_templates,
-                           recompute=recompute)
+    compiled = _compile_static(gm, example_inputs, eager_forward, cuda_graphs, _sink, matmul_templates,
+                               recompute=recompute)
+    return compiled if _sink is not None else _fastest(compiled, eager_forward, example_inputs, False)
+
+
+def _fastest(compiled, eager_forward, example_inputs, per_shape):
+    """`compiled`, or where the floor times it against the graph as captured (runtime/captured_choice.py), the
+    two behind one callable that keeps the faster."""
+    from brrr.compile.runtime import captured_choice
+
+    devices = {a.device.type for a in example_inputs if isinstance(a, torch.Tensor)}
+    if compiled is eager_forward or not captured_choice.enabled(devices):
+        return compiled
+    return captured_choice.CompiledOrCaptured(compiled, eager_forward, per_shape)
 
 
 def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink=None, matmul_templates=None,

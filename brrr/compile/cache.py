@@ -32,6 +32,14 @@ def cache_dir():
     return d
 
 
+def folder(name):
+    """`<BRRR_CACHE_DIR or ~/.cache/brrr>/<name>`, made if missing: where a stage keeps its measured choices."""
+    root = os.environ.get("BRRR_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "brrr")
+    d = os.path.join(root, name)
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
 def _remove_stale_tmp(d):
     """Delete temporary files of writers that died mid-write (killed, or interrupted again while their threads
     were still writing), in the cache and its cubin folder. A live writer's temporary file exists for

@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from brrr.compile.cache import write_atomic
+from brrr.compile.cache import folder, write_atomic
 
 MAX_TILES = 3
 _MEMO = {}
@@ -40,10 +40,7 @@ def mode(option=None):
 
 
 def choices_dir():
-    root = os.environ.get("BRRR_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "brrr")
-    d = os.path.join(root, "matmul_choices")
-    os.makedirs(d, exist_ok=True)
-    return d
+    return folder("matmul_choices")
 
 
 def problem_key(device_name, *sources):

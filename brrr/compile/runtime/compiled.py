@@ -21,7 +21,7 @@ from brrr.compile.cache import device_name, load_kernel
 from brrr.compile.codegen.triton import generate
 from brrr.compile.fallbacks import KernelFailed, debugging, is_out_of_memory, recover, warn_once
 from brrr.compile.ir import nodes as ir, sizes
-from brrr.compile.runtime import among_ranks, kernel_registry
+from brrr.compile.runtime import among_ranks, floor, kernel_registry
 from brrr.compile.runtime.cuda_graphs import GraphedCall, SharedPool
 from brrr.compile.runtime.launch import Launcher, tma_descriptor
 from brrr.compile.runtime.replay_choice import ReplayTrial
@@ -119,6 +119,8 @@ class CompiledGraph:
         self._boxed_call = True   # in the instance dict: wrappers (functools.wraps) copy it
         self.call, self.gm, self.source, self.kind = call, gm, source, kind
         self.replan = None        # KernelFailed -> a CompiledGraph without that kernel, or None (backend sets it)
+        self.alternative = self.adopt = None   # the floor's other forms of this graph (backend sets them)
+        self.kernel_choices = []  # floor.KernelChoice per generated kernel
         self.verified = False
         self.cuda_graphs = cuda_graphs
         self.device = device  # CUDA index: allocations and launches go to the current device, made this one
@@ -245,10 +247,12 @@ class CompiledGraph:
         """The first call checks what brrr made. A kernel that fails to compile or launch has the graph
         re-planned with its ops as ATen calls (`replan`, bounded by the re-plans left); any other failure of
         brrr's, or running out of re-plans, runs the graph's own FX module. The graph never writes into its
-        inputs, so a call that failed half-way can simply run again."""
+        inputs, so a call that failed half-way can simply run again. On a GPU the checked kernels are then
+        measured against their rooflines (floor.py), without the checking call's outputs held."""
         while True:
             try:
-                return self.call(args)
+                out = self.call(args)
+                break
             except Exception as e:
                 if debugging() or is_out_of_memory(e):
                     raise
@@ -259,6 +263,12 @@ class CompiledGraph:
                     self.call = self._aten_call
                     return self.call(args)
                 self.call, self.source = replanned.call, replanned.source
+                self.kernel_choices = replanned.kernel_choices
+        if not floor.enabled(self):
+            return out
+        del out
+        floor.settle(self, args)
+        return self.call(args)
 
     def _aten_call(self, args, owned=False):
         return self.gm(*args)
@@ -416,8 +426,10 @@ def build(plan, gm, cuda_graphs=False, kind="graph", rewrite_kernels=None):
         with open(os.path.join(dump_dir, f"call-{hash(source) & 0xffffff:x}.py"), "w") as f:
             f.write(source)
     exec(compile(source, filename, "exec"), glb)
-    return CompiledGraph(glb["call"], gm, source, cuda_graphs=cuda_graphs, device=_cuda_device(plan),
-                         kind=kind, shape_key=shape_key_function(placeholders)), kernels
+    compiled = CompiledGraph(glb["call"], gm, source, cuda_graphs=cuda_graphs, device=_cuda_device(plan),
+                             kind=kind, shape_key=shape_key_function(placeholders))
+    compiled.kernel_choices = floor.describe(plan, kernels, lambda step, src: kernel_fx_nodes(step, src.nodes))
+    return compiled, kernels
 
 
 def shape_key_function(placeholders):

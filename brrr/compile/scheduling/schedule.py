@@ -29,6 +29,7 @@ class Kernel:
     dims: tuple = ()                   # reduced dims of S (empty: pointwise kernel)
     roots: list = field(default_factory=list)
     closed: bool = False               # takes no other roots (an accumulating scatter and its init)
+    alone: bool = False                # takes no other roots: a value the floor split out (runtime/floor.py)
     order: tuple = ()                  # dims of S innermost first: the memory order the flat index walks
     tile: int = 0                      # pointwise layout change: order[:tile] walk xindex, the rest yindex
     across: bool = False               # a reduction that also reads a large input against its memory order:
@@ -168,8 +169,9 @@ class Plan:
 
 
 class Scheduler:
-    def __init__(self, L):
+    def __init__(self, L, split=()):
         self.L = L
+        self.split = frozenset(split)   # FX nodes whose values start kernels of their own (runtime/floor.py)
         self.nodes = [n for n in L.nodes if n is not None]
         self.steps = []
         self.position = {}         # node -> index of the step that produces it
@@ -197,6 +199,9 @@ class Scheduler:
             if n.kind == "buffer" and n.producer in ("extern", "fallback"):
                 for a in _fx_inputs(n, self.L):
                     self.require(a)
+            elif n.fx in self.split and n.kind == "pointwise" and n.view_of is None:
+                self.stored.add(n)
+                self.refusals.append((n, "stored: the fused kernel reading it measured slower than this split"))
         self.recompute_or_store()
 
     def recompute_or_store(self):
@@ -346,7 +351,7 @@ class Scheduler:
         kernels = [s for kind, s in self.steps if kind == "kernel"]
         last_reason = None
         for k in reversed(kernels):
-            if k.closed:
+            if k.closed or k.alone or node.fx in self.split:
                 continue
             idx = k.index_for(node)
             upgrade = None
@@ -383,6 +388,7 @@ class Scheduler:
                    node.dims if node.kind == "reduction" else ())
         if kernels and last_reason:
             self.refusals.append((node, last_reason))
+        k.alone = node.kind == "pointwise" and node.fx in self.split
         self.position[k] = len(self.steps)
         self.position[node] = len(self.steps)
         self.steps.append(("kernel", k))
@@ -503,5 +509,7 @@ def _fx_inputs(node, L):
     return out
 
 
-def schedule(L):
-    return Scheduler(L).run()
+def schedule(L, split=()):
+    """The Plan for lowering `L`; `split`: FX nodes whose values are stored and start kernels of their own, where
+    measurement found the kernel fusing them slower (runtime/floor.py)."""
+    return Scheduler(L, split).run()

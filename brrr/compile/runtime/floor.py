@@ -1,0 +1,319 @@
+"""The floor under brrr's kernels (codegen -> **runtime**): every generated kernel is timed on its graph's first
+call and compared with its roofline; one far below it is replaced by whatever measured faster.
+
+Why. Every loss found outside the zoo traced to a decision brrr made from its cost model and never checked: a
+batch-norm backward fused with ReLU's backward ran at 2% of its roofline (110.7 ms, where cuDNN's took 2.4 ms),
+an average pool fused into a group norm's statistics took 11 ms where the whole network takes 1.7 ms under
+Inductor. brrr owns the roofline and a timer, so it checks each kernel instead of trusting the model.
+
+How, on the first call of a graph on a GPU (CompiledGraph._first_call runs `settle` after the checking call):
+- KERNEL_SAMPLES calls with CUDA events around every kernel launch give each kernel's device time (their outputs
+  are dropped at once and the RNG state is restored: the user's random stream is eager's). Its roofline time is
+  bytes at the measured copy bandwidth and FLOPs at the measured FP32 rate (brrr.cost.device's ceilings).
+- A kernel is slow below THRESHOLD of its roofline, where at least AT_STAKE seconds a call could be won.
+- For the slow kernels, the most at stake first (MAX_SLOW), two alternatives are compiled through the backend's
+  `alternative` (backend.compile_graph): the plan split at the kernel's fusions (its later roots start kernels
+  of their own, and the values its reductions read are stored), and the kernel's ops as ATen calls. The graph
+  as it stands and each alternative are timed as whole calls (CUDA events, the median of CALL_SAMPLES, after a
+  checking call); an alternative is kept when it saves MARGIN. Choices accumulate, kernel by kernel.
+- The verdicts are cached on disk (cache.folder("floor")), one file per graph, keyed by the sources of its
+  kernels (which hold their sizes), the device and the versions: a second compile, in any process, applies
+  them and times nothing.
+- Every verdict is logged (`DECISIONS`); `brrr explain` lists them. BRRR_FLOOR=0 turns the floor off.
+
+`TIMER`, where set (tests), replaces the device timer: kernel times, call times and rooflines come from it, and
+the floor then runs on any device.
+"""
+
+import hashlib
+import json
+import os
+import re
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+
+from brrr.compile.cache import folder, write_atomic
+from brrr.compile.fallbacks import debugging, is_out_of_memory, recover
+
+THRESHOLD = 0.3        # of its roofline below which a kernel is slow
+AT_STAKE = 50e-6       # seconds a call must stand to win before a slow kernel is worth alternatives
+MARGIN = 0.97          # an alternative must save 3%: less is within the timer's noise
+MAX_SLOW = 3           # slow kernels given alternatives per graph (each alternative is a compile)
+KERNEL_SAMPLES = 2     # instrumented calls; each kernel keeps its least time
+CALL_SAMPLES = 5       # timed whole calls per candidate, after one checking call
+VERSION = 1            # of the verdicts' format and rules: a change makes old verdicts miss
+
+TIMER = None           # a stand-in for DeviceTimer (tests)
+DECISIONS = []         # Verdict records, process-wide, in the order they were made
+
+
+@dataclass
+class KernelChoice:
+    """One generated kernel as the floor sees it: what it costs and what replaces it."""
+    name: str
+    digest: str            # of its source with its name taken out: the same kernel in every process
+    flops: int
+    bytes: int
+    fx_nodes: tuple        # the ops it computes: run as ATen, the alternative "aten"
+    split_at: tuple        # the FX nodes whose values start kernels of their own, the alternative "split"
+
+
+@dataclass
+class Verdict:
+    graph: str
+    kernel: str
+    measured_s: float
+    roofline_s: float
+    tried: dict = field(default_factory=dict)   # way ("fused", "split", "aten") -> seconds of a whole call
+    kept: str = "fused"
+
+    @property
+    def fraction(self):
+        return self.roofline_s / self.measured_s if self.measured_s else 1.0
+
+    def __str__(self):
+        head = (f"{self.graph} graph: {self.kernel} {self.measured_s * 1e6:.0f} us, roofline "
+                f"{self.roofline_s * 1e6:.0f} us ({self.fraction:.0%})")
+        if not self.tried:
+            return head
+        tried = ", ".join(f"{way} {s * 1e6:.0f} us" for way, s in self.tried.items())
+        return f"{head}; whole calls: {tried}; kept {self.kept}"
+
+    def to_json(self):
+        return {"kernel": self.kernel, "measured_s": self.measured_s, "roofline_s": self.roofline_s,
+                "tried": self.tried, "kept": self.kept}
+
+
+def log(verdict):
+    DECISIONS.append(verdict)
+    del DECISIONS[:-1000]
+    return verdict
+
+
+def describe(plan, kernels, fx_nodes_of):
+    """KernelChoice per generated kernel of `plan` (`kernels`: Kernel step -> KernelSource); `fx_nodes_of(step,
+    source)`: the FX nodes a kernel computes."""
+    out = []
+    for step, src in kernels.items():
+        work = getattr(src, "work", None)
+        if work is None or not getattr(step, "roots", None):
+            continue
+        nodes = fx_nodes_of(step, src)
+        out.append(KernelChoice(src.name, source_digest(src.source, src.name), work.flops, work.bytes, nodes,
+                                _split_points(step, nodes)))
+    return out
+
+
+def _split_points(step, nodes):
+    """Where a kernel's fusions joined: its roots after the first, and the values its reductions read (through
+    views) computed inside it."""
+    inside = {m.fx: m for m in step.members if m.fx is not None and m.fx in set(nodes)}
+    points = [r.fx for r in step.roots[1:] if r.fx is not None]
+    for root in step.roots:
+        if root.kind != "reduction" or root.fx is None:
+            continue
+        todo, seen = list(root.fx.all_input_nodes), set()
+        while todo:
+            fx = todo.pop()
+            if fx in seen or fx not in inside:
+                continue
+            seen.add(fx)
+            if inside[fx].view_of is not None:
+                todo.extend(fx.all_input_nodes)
+            else:
+                points.append(fx)
+    return tuple(dict.fromkeys(points))
+
+
+def source_digest(source, name):
+    return hashlib.sha256(re.sub(rf"\b{re.escape(name)}\b", "KERNEL", source).encode()).hexdigest()[:24]
+
+
+def enabled(graph):
+    if os.environ.get("BRRR_FLOOR") == "0" or not getattr(graph, "kernel_choices", None) or \
+            getattr(graph, "alternative", None) is None:
+        return False
+    return TIMER is not None or (graph.device is not None and torch.cuda.is_available())
+
+
+class DeviceTimer:
+    """CUDA events on the current stream; rooflines from the measured ceilings of the graph's device."""
+
+    def kernel_times(self, graph, args, names):
+        call = graph.call
+        glb, events = call.__globals__, {}
+        originals = {n: glb[n] for n in names if glb.get(n) is not None}
+        for name, launcher in originals.items():
+            glb[name] = _Timed(launcher, events.setdefault(name, []))
+        try:
+            call(args)
+        finally:
+            glb.update(originals)
+        torch.cuda.synchronize()
+        return {name: sum(s.elapsed_time(e) for s, e in pairs) * 1e-3 for name, pairs in events.items()}
+
+    def call_time(self, graph, args):
+        call = graph.call
+        call(args)   # the checking call: a new kernel compiles and loads here
+        times = []
+        for _ in range(CALL_SAMPLES):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            call(args)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3)
+        return statistics.median(times)
+
+    def roofline(self, choice, device):
+        from brrr.cost.device import get_ceilings
+
+        return get_ceilings(torch.device("cuda", device)).roofline_time(choice.flops, choice.bytes)
+
+
+class _Timed:
+    """A kernel's launcher with CUDA events around each launch."""
+
+    def __init__(self, launcher, pairs):
+        self.launcher, self.pairs = launcher, pairs
+
+    def __call__(self, *args, **kwargs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = self.launcher(*args, **kwargs)
+        end.record()
+        self.pairs.append((start, end))
+        return out
+
+
+class _KeptRandom:
+    """The RNG states of the CPU and the graph's GPU, restored on exit: measured calls draw nothing the user sees."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def __enter__(self):
+        self.cpu = torch.get_rng_state()
+        self.gpu = torch.cuda.get_rng_state(self.device) if self.device is not None and torch.cuda.is_available() \
+            else None
+
+    def __exit__(self, *exc):
+        torch.set_rng_state(self.cpu)
+        if self.gpu is not None:
+            torch.cuda.set_rng_state(self.gpu, self.device)
+
+
+def cache_key(graph):
+    import triton
+
+    name = torch.cuda.get_device_name(graph.device) if graph.device is not None and torch.cuda.is_available() \
+        else "cpu"
+    parts = [str(VERSION), torch.__version__, triton.__version__, name, graph.kind,
+             str(THRESHOLD), str(AT_STAKE)] + sorted(c.digest for c in graph.kernel_choices)
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:40]
+
+
+def _load(key):
+    try:
+        with open(os.path.join(folder("floor"), f"{key}.json")) as f:
+            entry = json.load(f)
+        return [Verdict(entry["graph"], v["kernel"], float(v["measured_s"]), float(v["roofline_s"]),
+                        dict(v["tried"]), v["kept"]) for v in entry["verdicts"]], entry["digests"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None   # missing, truncated or corrupt: measured again
+
+
+def _store(key, graph, verdicts, digests):
+    entry = {"graph": graph.kind, "verdicts": [v.to_json() for v in verdicts], "digests": digests}
+    write_atomic(os.path.join(folder("floor"), f"{key}.json"), json.dumps(entry, indent=1).encode())
+
+
+def settle(graph, args):
+    """Measure `graph` (a verified CompiledGraph) on `args` and keep its fastest form; True when it changed."""
+    try:
+        with _KeptRandom(graph.device):
+            return _settle(graph, args)
+    except Exception as e:
+        if debugging() or is_out_of_memory(e):
+            raise
+        recover(e, "the floor could not measure this graph's kernels", "keeping them as planned")
+        return False
+
+
+def _settle(graph, args):
+    timer = TIMER or DeviceTimer()
+    key = cache_key(graph)
+    found = _load(key)
+    if found is not None:
+        verdicts, digests = found
+        for v in verdicts:
+            log(v)
+        return _apply(graph, digests, verdicts)
+    choices = {c.name: c for c in graph.kernel_choices}
+    times = {}
+    for _ in range(KERNEL_SAMPLES):
+        for name, s in timer.kernel_times(graph, args, list(choices)).items():
+            times[name] = min(s, times.get(name, s))
+    verdicts, slow = [], []
+    for name, s in times.items():
+        c = choices[name]
+        v = Verdict(graph.kind, name, s, timer.roofline(c, graph.device))
+        verdicts.append(v)
+        if v.fraction < THRESHOLD and s - v.roofline_s >= AT_STAKE:
+            slow.append((s - v.roofline_s, v, c))
+    slow.sort(key=lambda x: -x[0])
+    digests = {}
+    if slow:
+        base = timer.call_time(graph, args)
+        force, split, best = set(), set(), None
+        for _, v, c in slow[:MAX_SLOW]:
+            v.tried["fused"] = base
+            for way in ("split", "aten"):
+                f = force | set(c.fx_nodes) if way == "aten" else force
+                p = split | set(c.split_at) if way == "split" else split
+                if (f, p) == (force, split):
+                    continue
+                alt = graph.alternative(tuple(f), tuple(p))
+                if alt is None:
+                    continue
+                t = timer.call_time(alt, args)
+                v.tried[way] = t
+                if t < MARGIN * base:
+                    base, best, v.kept = t, alt, way
+                    kept_force, kept_split = f, p
+            if v.kept != "fused":
+                force, split = kept_force, kept_split
+                digests[c.digest] = v.kept
+        if best is not None:
+            graph.adopt(tuple(force), tuple(split))
+            _adopt_form(graph, best)
+    for v in verdicts:
+        log(v)
+    _store(key, graph, verdicts, digests)
+    return bool(digests)
+
+
+def _apply(graph, digests, verdicts):
+    """A cached verdict: build the kept form at once, timing nothing."""
+    if not digests:
+        return False
+    force, split = set(), set()
+    for c in graph.kernel_choices:
+        way = digests.get(c.digest)
+        if way == "aten":
+            force |= set(c.fx_nodes)
+        elif way == "split":
+            split |= set(c.split_at)
+    alt = graph.alternative(tuple(force), tuple(split))
+    if alt is None:
+        return False
+    graph.adopt(tuple(force), tuple(split))
+    _adopt_form(graph, alt)
+    return True
+
+
+def _adopt_form(graph, alt):
+    graph.call, graph.source, graph.kernel_choices = alt.call, alt.source, alt.kernel_choices

@@ -1,0 +1,82 @@
+"""The floor's whole-graph trial (runtime/captured_choice.py) on the CPU, with a test-double clock: a graph brrr
+compiled runs as Dynamo captured it when that measured faster, and stays compiled otherwise; results equal eager
+either way."""
+
+import contextlib
+
+import pytest
+import torch
+
+from brrr.compile.runtime import captured_choice, kernel_registry
+from tests.compile.helpers import compiled
+
+
+def block(x, w):
+    return torch.tanh(x @ w).sum(-1) * 2
+
+
+class LaunchClock:
+    """Time passes by `brrr_s` between two readings when a brrr kernel launched between them, else by `eager_s`
+    (interpreted launches open kernel_registry.LAUNCH_HOOK)."""
+
+    def __init__(self, brrr_s, eager_s):
+        self.brrr_s, self.eager_s, self.t, self.launched = brrr_s, eager_s, 0.0, False
+
+    def launch(self, name):
+        self.launched = True
+        return contextlib.nullcontext()
+
+    def now(self):
+        self.t += self.brrr_s if self.launched else self.eager_s
+        self.launched = False
+        return self.t
+
+    def sync(self):
+        pass
+
+
+@pytest.fixture
+def clock_of(monkeypatch):
+    monkeypatch.setattr(captured_choice, "DECISIONS", [])
+
+    def install(clock):
+        monkeypatch.setattr(captured_choice, "CLOCK", clock)
+        monkeypatch.setattr(kernel_registry, "LAUNCH_HOOK", clock.launch)
+        return clock
+    return install
+
+
+@pytest.mark.parametrize("captured_faster", [True, False])
+def test_the_faster_of_compiled_and_captured_is_kept(clock_of, captured_faster):
+    clock = clock_of(LaunchClock(brrr_s=5.0, eager_s=3.0) if captured_faster else LaunchClock(1.0, 4.0))
+    torch._dynamo.reset()
+    fn = compiled(block)
+    w = torch.randn(16, 8)
+    calls = captured_choice.WARMUP_CALLS + 2 * captured_choice.SAMPLES + 3
+    for _ in range(calls):
+        x = torch.randn(4, 16)
+        torch.testing.assert_close(fn(x, w), block(x, w))
+    [decision] = captured_choice.DECISIONS
+    assert decision.captured is captured_faster
+    assert (decision.compiled_s, decision.captured_s) == ((5.0, 3.0) if captured_faster else (1.0, 4.0))
+    clock.launched = False
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(fn(x, w), block(x, w))
+    assert clock.launched is not captured_faster   # the kept way runs: brrr's kernels only when compiled
+
+
+def test_plain_callables_alternate_after_the_warmup_and_decide_once():
+    ran = []
+    wrapper = captured_choice.CompiledOrCaptured(lambda x: ran.append("compiled") or x + 1,
+                                                 lambda x: ran.append("captured") or x + 1)
+    captured_choice.CLOCK = LaunchClock(0.0, 1.0)
+    try:
+        for i in range(captured_choice.WARMUP_CALLS + 2 * captured_choice.SAMPLES + 5):
+            assert wrapper(i) == i + 1
+    finally:
+        captured_choice.CLOCK = None
+    trial = ran[captured_choice.WARMUP_CALLS:captured_choice.WARMUP_CALLS + 2 * captured_choice.SAMPLES]
+    assert set(ran[:captured_choice.WARMUP_CALLS]) == {"compiled"}
+    assert trial.count("captured") == trial.count("compiled") == captured_choice.SAMPLES
+    assert wrapper.chosen is not None   # equal periods: compiled stays (the captured graph must save 3%)
+    assert ran[-1] == "compiled"

@@ -1,0 +1,161 @@
+"""The floor (runtime/floor.py) on the CPU, with a test-double timer: a kernel far below its roofline is replaced
+by whichever form of its graph times fastest (the plan split at its fusion, or its ops as ATen), the verdicts
+are cached on disk and a second process times nothing."""
+
+import contextlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from brrr.compile.runtime import floor, kernel_registry as registry
+from tests.compile.helpers import ROOT, compiled
+
+
+def norm_block(x, w):
+    """A reduction with a prologue: one fused kernel (relu, mul, mean, sub) in brrr's plan."""
+    y = torch.relu(x) * w
+    return y - y.mean(-1, keepdim=True)
+
+
+class FakeTimer:
+    """Times kernels and whole calls by what a graph's call holds: `slow` kernels (those fusing a mean after a
+    relu) take `kernel_s`; a whole call costs `fused_s` while such a kernel is in it, else `split_s` when the
+    graph stores the relu's product for a kernel of its own, else `aten_s` (the ops run as ATen calls)."""
+
+    def __init__(self, fused_s, split_s, aten_s, kernel_s=1e-3, roofline_s=1e-6):
+        self.fused_s, self.split_s, self.aten_s = fused_s, split_s, aten_s
+        self.kernel_s, self.roofline_s = kernel_s, roofline_s
+        self.kernel_calls = self.call_calls = 0
+        self.forms = []
+
+    def kernel_times(self, graph, args, names):
+        self.kernel_calls += 1
+        graph.call(args)
+        return {n: self.kernel_s if _fuses_relu_and_mean(n) else self.roofline_s for n in names}
+
+    def call_time(self, graph, args):
+        self.call_calls += 1
+        graph.call(args)
+        form = _form(graph.source)
+        self.forms.append(form)
+        return {"fused": self.fused_s, "split": self.split_s, "aten": self.aten_s}[form]
+
+    def roofline(self, choice, device):
+        return self.roofline_s
+
+
+def _fuses_relu_and_mean(name):
+    return "relu" in name and "mean" in name
+
+
+def _form(source):
+    launched = [line for line in source.splitlines() if line.strip().startswith("brrr_")]
+    if any(_fuses_relu_and_mean(line.split("(")[0]) for line in launched):
+        return "fused"
+    return "aten" if "fallback: measured" in source else "split"
+
+
+@pytest.fixture
+def timer_of(monkeypatch, tmp_path):
+    monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(floor, "DECISIONS", [])
+
+    def install(timer):
+        monkeypatch.setattr(floor, "TIMER", timer)
+        return timer
+    return install
+
+
+def _run(x, w):
+    torch._dynamo.reset()
+    return compiled(norm_block)(x, w)
+
+
+@pytest.mark.parametrize("fastest", ["split", "aten", "fused"])
+def test_a_slow_kernel_keeps_the_form_that_times_fastest(timer_of, fastest):
+    times = {"fused": 3.0, "split": 2.0, "aten": 2.5} if fastest == "split" else \
+        {"fused": 3.0, "split": 2.9, "aten": 1.0} if fastest == "aten" else {"fused": 1.0, "split": 2.0, "aten": 2.0}
+    timer = timer_of(FakeTimer(times["fused"], times["split"], times["aten"]))
+    x, w = torch.randn(8, 64), torch.randn(64)
+    out = _run(x, w)
+    torch.testing.assert_close(out, norm_block(x, w))
+    slow = [v for v in floor.DECISIONS if _fuses_relu_and_mean(v.kernel)]
+    assert len(slow) == 1 and slow[0].fraction < floor.THRESHOLD
+    assert set(slow[0].tried) == {"fused", "split", "aten"}
+    assert slow[0].kept == fastest
+    assert timer.forms[0] == "fused" and set(timer.forms) == {"fused", "split", "aten"}
+    again = compiled(norm_block)(x, w)   # the same compiled function, second call: the kept form runs
+    torch.testing.assert_close(again, norm_block(x, w))
+
+
+def test_the_kept_form_runs_from_the_second_call_on(timer_of):
+    timer_of(FakeTimer(3.0, 2.0, 2.5))
+    x, w = torch.randn(8, 64), torch.randn(64)
+    torch._dynamo.reset()
+    fn = compiled(norm_block)
+    fn(x, w)
+    launched = []   # interpreted launches take the JIT path, which opens LAUNCH_HOOK around each
+    registry.LAUNCH_HOOK = lambda name: launched.append(name) or contextlib.nullcontext()
+    try:
+        x2 = torch.randn(8, 64)
+        torch.testing.assert_close(fn(x2, w), norm_block(x2, w))
+    finally:
+        registry.LAUNCH_HOOK = None
+    assert launched and not any(_fuses_relu_and_mean(n) for n in launched)
+    assert len(launched) >= 2   # split: the stored product and the reduction over it
+
+
+def test_kernels_at_their_roofline_are_not_given_alternatives(timer_of):
+    timer = timer_of(FakeTimer(3.0, 1.0, 1.0, kernel_s=2e-6, roofline_s=1e-6))
+    x, w = torch.randn(8, 64), torch.randn(64)
+    torch.testing.assert_close(_run(x, w), norm_block(x, w))
+    assert timer.kernel_calls == floor.KERNEL_SAMPLES and timer.call_calls == 0
+    assert floor.DECISIONS and all(not v.tried for v in floor.DECISIONS)
+
+
+def test_cached_verdicts_are_applied_without_timing(timer_of):
+    first = timer_of(FakeTimer(3.0, 2.0, 2.5))
+    x, w = torch.randn(8, 64), torch.randn(64)
+    _run(x, w)
+    assert first.call_calls == 3
+    second = timer_of(FakeTimer(3.0, 2.0, 2.5))
+    torch.testing.assert_close(_run(x, w), norm_block(x, w))
+    assert second.kernel_calls == 0 and second.call_calls == 0
+    assert [v.kept for v in floor.DECISIONS if v.tried] == ["split", "split"]
+
+
+def test_a_corrupt_verdict_file_is_measured_again(timer_of, tmp_path):
+    timer_of(FakeTimer(3.0, 2.0, 2.5))
+    x, w = torch.randn(8, 64), torch.randn(64)
+    _run(x, w)
+    for f in (tmp_path / "floor").iterdir():
+        f.write_text(f.read_text()[:20])
+    again = timer_of(FakeTimer(3.0, 2.0, 2.5))
+    torch.testing.assert_close(_run(x, w), norm_block(x, w))
+    assert again.kernel_calls == floor.KERNEL_SAMPLES and again.call_calls == 3
+
+
+def test_the_floor_keeps_the_users_random_stream(timer_of):
+    timer_of(FakeTimer(3.0, 2.0, 2.5))
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 64), torch.randn(64)
+    _run(x, w)
+    after_compile = torch.rand(3)
+    torch.manual_seed(0)
+    torch.randn(8, 64), torch.randn(64)
+    torch.testing.assert_close(after_compile, torch.rand(3))
+
+
+def test_a_second_process_reuses_the_verdicts(tmp_path):
+    worker = ROOT / "tests" / "compile" / "floor_worker.py"
+    env = dict(os.environ, BRRR_CACHE_DIR=str(tmp_path), TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    runs = [subprocess.run([sys.executable, str(worker)], env=env, capture_output=True, text=True, timeout=300)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+    first, second = (dict(line.split("=") for line in r.stdout.split()) for r in runs)
+    assert first["timed_calls"] == "3" and first["kept"] == "split"
+    assert second["timed_calls"] == "0" and second["timed_kernels"] == "0" and second["kept"] == "split"
