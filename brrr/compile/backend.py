@@ -106,12 +106,14 @@ def plan_graph(gm, forced=None, split=()):
     FX nodes' values start kernels of their own (the floor's alternatives, runtime/floor.py). Unaligned matmuls
     are padded first, in gm itself (passes/pad_matmuls.py), so its ATen fallback runs them too."""
     from brrr.compile.lowering.core import lower
+    from brrr.compile.passes.device_constants import move_host_constants
     from brrr.compile.passes.pad_matmuls import pad_matmuls
     from brrr.compile.scheduling.schedule import schedule
     # a node's value inlines its chain of pointwise producers, one Python call per link: a backward graph's
     # gradient sums chain hundreds (Inductor raises the limit for the same reason)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
     pad_matmuls(gm)
+    move_host_constants(gm)   # a copy of a host constant to the device: made once, not in every call
     return schedule(lower(gm, forced), split)
 
 
@@ -137,6 +139,7 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
 
     from brrr.compile.matmul.fusion import epilogue_pass
     from brrr.compile.runtime.compiled import build, generate_all
+    from brrr.compile.runtime.host_copies import host_copies
 
     reason = graph_refusal(gm, planning_only=sink is not None)
     if reason == SYMBOLIC and symbolic_sizes:
@@ -169,6 +172,7 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
         compiled, _ = build(plan, gm, cuda_graphs=cuda_graphs if "cuda" in _devices(gm) else False,
                             kind=graph_kind, rewrite_kernels=rewrite_kernels)
         compiled.static_inputs = statics
+        compiled.host = host_copies(gm)
         compiled.replan = replan
         compiled.alternative, compiled.adopt = alternative, adopt
         return compiled

@@ -15,10 +15,12 @@ np.seterr(all="ignore")
 
 class FakeGraph:
     """Stands in for torch.cuda.CUDAGraph on the CPU: replays by rerunning the call captured with it and writing
-    into the captured outputs. `replays` counts them; `replaying` is True while one runs."""
+    into the captured outputs. `replays` counts them; `replaying` is True while one runs, `capturing` while
+    torch.cuda.graph's context is open."""
 
     replays = 0
     replaying = False
+    capturing = False
 
     def pool(self):
         return ("pool of", id(self))   # a handle other captures may share
@@ -29,9 +31,21 @@ class FakeGraph:
         try:
             for static, new in zip(self.outputs, self.call(self.args)):
                 if isinstance(static, torch.Tensor):   # a backward returns None for an input needing no gradient
-                    static.copy_(new)
+                    _write(static, new)
         finally:
             FakeGraph.replaying = False
+
+
+def _write(static, new):
+    """What the graph's kernels would write into `static`: an expanded output (elements sharing memory, which
+    copy_ refuses) gets the memory it spans written."""
+    if torch._debug_has_internal_overlap(static) == 1:
+        assert new.stride() == static.stride()
+        span = lambda t: t.as_strided((1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())),), (1,),
+                                      t.storage_offset())
+        span(static).copy_(span(new))
+    else:
+        static.copy_(new)
 
 
 @pytest.fixture
@@ -43,9 +57,14 @@ def fake_cuda_graphs(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    @contextlib.contextmanager
     def graph(g, pool=None, **kw):
         g.captured_into = pool   # the pool handle the capture shared, if any
-        return contextlib.nullcontext()
+        FakeGraph.capturing = True
+        try:
+            yield
+        finally:
+            FakeGraph.capturing = False
     monkeypatch.setattr(torch.cuda, "graph", graph)
     monkeypatch.setattr(FakeGraph, "replays", 0)
     capture = GraphedCall._capture

@@ -135,6 +135,7 @@ class CompiledGraph:
         # each input's memory goes back at its last use; a first call, a trial or a replay keeps them
         self.owns_inputs = False
         self.static_inputs = None   # positions of the parameters and buffers among the inputs, where known
+        self.host = None   # host_copies.HostCopies: host inputs a replay stages on the device, or why none can run
         # A graph planned at symbolic sizes: `shape_key(args)` is the call's sizes. A CUDA graph replays the sizes
         # it captured, so each shape gets its own graph and trial (graphed, trial), up to MAX_GRAPH_SHAPES.
         self.shape_key, self.shape, self.shapes = shape_key, None, {}
@@ -184,7 +185,7 @@ class CompiledGraph:
         trial; a symbolic graph keeps them as that shape's."""
         lender = self.lender.graphed if self.lender is not None and self.pool is None else None
         self.graphed = GraphedCall(self.call, args, self.lend, self.pin, pool=self.pool, after=lender,
-                                   static=self.static_inputs, give=self.give)
+                                   static=self.static_inputs, give=self.give, host=self.host)
         self.trial = None
         if self.cuda_graphs == "auto":
             leader = self.lender.trial if self.lender is not None else None

@@ -9,6 +9,15 @@ stops being bound by the host. What a replay must get right:
   model DDP's graph splitting cut in pieces, may sit at one address for two calls and move on the third; read
   in place it would have stopped the graph replaying for good.) A graph never
   writes into an input (AOTAutograd applies input mutations outside the compiled graph).
+- Host inputs. A capture cannot copy from pageable host memory. An input on the host that the call only copies
+  to the device (host_copies.py says which) is staged: copied into device memory of the graph's own before
+  each replay, outside the capture, so the captured copy is device to device. A call that reads host data any
+  other way (or runs an op such as ctc_loss that copies host data over itself) is never captured: it
+  launches, and `failure` says why (replay_choice logs it as the verdict's reason).
+- Expanded tensors (elements sharing memory, e.g. a mask broadcast before the graph). The graph's copy of
+  such an input keeps its strides (the call holds inputs to their traced strides, and copying a dense copy into
+  an expanded buffer fails), and is refreshed by copying the memory it spans; one laid out otherwise launches.
+  Such an output is copied out the same way, keeping eager's strides.
 - An output that is a view of an input read in place (a parameter's transpose saved for the backward) is
   rebuilt on each replay as the same view of *this* call's input: the tensor seen at capture may since have
   been freed, with its memory handed to the one now at that address (FSDP2 frees each block's gathered
@@ -103,15 +112,30 @@ class Loan:
     def settle(self):
         if self.copied or self.marker() is None:
             return
-        self.tensors = [_copy_keeping_layout(t) if isinstance(t, torch.Tensor) and i not in self.callers else t
+        self.tensors = [copy_keeping_layout(t) if isinstance(t, torch.Tensor) and i not in self.callers else t
                         for i, t in enumerate(self.tensors)]
         self.copied = True
 
 
-def _copy_keeping_layout(t):
-    """A copy with t's exact strides and offset (an expanded tensor stays expanded): its storage, cloned."""
-    copy = torch.empty(0, dtype=t.dtype, device=t.device)
-    return copy.set_(t.untyped_storage().clone(), t.storage_offset(), t.size(), t.stride())
+def overlaps(t):
+    """Whether elements of t share memory (an expanded tensor): `copy_` cannot write into such a tensor, and
+    `clone` makes it dense."""
+    return torch._debug_has_internal_overlap(t) == 1
+
+
+def span(t):
+    """The memory t's elements span, from its first element to its last, as one flat tensor."""
+    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+    return t.as_strided((extent,), (1,), t.storage_offset())
+
+
+def copy_keeping_layout(t, device=None):
+    """A copy of t with its exact sizes and strides (an expanded tensor stays expanded) on `device` (t's own by
+    default): the memory t spans, copied, with t's view rebuilt over it."""
+    flat = span(t)
+    copy = torch.empty(flat.shape, dtype=t.dtype, device=device if device is not None else t.device)
+    copy.copy_(flat)
+    return torch.empty(0, dtype=t.dtype, device=copy.device).set_(copy.untyped_storage(), 0, t.size(), t.stride())
 
 
 class Given:
@@ -159,9 +183,12 @@ class GraphedCall:
     replay this one's always follows (a backward's forward): with no SharedPool, it captures into that one's
     pool, if that one has captured. `static`: the positions of the parameters and buffers among the inputs,
     where known (input_slots). `give`: return the outputs that are not lent as the graph's memory instead of
-    copies (a backward's gradients; see Given), with no SharedPool only."""
+    copies (a backward's gradients; see Given), with no SharedPool only. `host`: the call's host_copies.HostCopies
+    (inputs on the host it copies to the device, staged into device memory before each replay; or why it
+    cannot be captured). `failure` says why the graph could not capture, once it could not."""
 
-    def __init__(self, call, first_args, lend=(), pin=(), pool=None, after=None, static=None, give=False):
+    def __init__(self, call, first_args, lend=(), pin=(), pool=None, after=None, static=None, give=False,
+                 host=None):
         self.call, self.first_ptrs = call, data_ptrs(first_args)
         self.static_positions = frozenset(static) if static is not None else None
         self.pool = pool
@@ -175,6 +202,7 @@ class GraphedCall:
         self.give = give and pool is None
         self.given = ()     # Given records of the outputs the last replays gave out, until nothing holds them
         self.sharers = []   # weak references to the GraphedCalls captured into this one's pool (`after`)
+        self.host, self.failure = host, None
 
     def _after_pool(self):
         leader = self.after() if self.after is not None else None
@@ -211,10 +239,16 @@ class GraphedCall:
             self.pool.settle_loans()   # any member's memory may be this replay's
         elif self.loans:
             self._settle_loans()   # before anything overwrites the graph's memory
-        for i, static, ptr in self.copied_in:
+        for i, static in self.spanned_in:
+            if args[i].stride() != static.stride():
+                return None   # an expanded input, now laid out otherwise: launching does what it always does
+        for i, static, ptr, flat in self.copied_in:
             a = args[i]
             if a.data_ptr() != ptr:
-                static.copy_(a)
+                if flat is not None:
+                    flat.copy_(span(a), non_blocking=True)
+                else:   # from the host (staged), the copy neither waits for the device nor leaves `a` read later
+                    static.copy_(a, non_blocking=True)
         self.graph.replay()
         out = list(self.static_out)
         if self.give:
@@ -222,8 +256,9 @@ class GraphedCall:
                 out[i] = out[i].detach()   # a tensor of its own: autograd's .grad takes it as it is
             self.given = self.gifts
         else:
+            spanned = self.spanned_out
             for i in self.cloned:
-                out[i] = out[i].clone()
+                out[i] = copy_keeping_layout(out[i]) if i in spanned else out[i].clone()
         views = self.views
         if views:
             for i, j in views.items():
@@ -248,10 +283,14 @@ class GraphedCall:
         return False
 
     def _capture(self, args):
+        host = self.host
+        if host is not None and host.blocker:   # a capture would fail, or replay host work done once
+            return self._fail(host.blocker)
+        staged = frozenset(host.staged) if host is not None else ()
         try:
-            self.slots = [("address" if i in self.pin else slot) for i, slot in
+            self.slots = [("stage" if i in staged else "address" if i in self.pin else slot) for i, slot in
                           enumerate(input_slots(self.first_ptrs, args, self.static_positions))]
-            self.static = [a.clone() if slot == "copy" else a for slot, a in zip(self.slots, args)]
+            self.static = [_static_input(a, slot, host) for slot, a in zip(self.slots, args)]
             self.static_ptrs = data_ptrs(self.static)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
@@ -264,10 +303,12 @@ class GraphedCall:
             # per replay: the inputs that must not have moved, those copied in, the outputs copied out
             self.addressed = [(i, ptr) for i, (slot, ptr) in enumerate(zip(self.slots, self.static_ptrs))
                               if slot == "address"]
-            self.copied_in = [(i, s, ptr) for i, (slot, s, ptr) in
-                              enumerate(zip(self.slots, self.static, self.static_ptrs)) if slot == "copy"]
+            self.copied_in = [(i, s, ptr, span(s) if overlaps(s) else None) for i, (slot, s, ptr) in
+                              enumerate(zip(self.slots, self.static, self.static_ptrs)) if slot in ("copy", "stage")]
+            self.spanned_in = [(i, s) for i, s, _, flat in self.copied_in if flat is not None]
             self.cloned = [i for i, o in enumerate(self.static_out)
                            if isinstance(o, torch.Tensor) and i not in self.lend and i not in self.views]
+            self.spanned_out = frozenset(i for i in self.cloned if overlaps(self.static_out[i]))
             self.gifts = [Given(i, self.static_out[i]) for i in self.cloned] if self.give else ()
             leader = self.after() if self.after is not None else None
             if pool is not None and leader is not None and self.pool is None:
@@ -275,8 +316,21 @@ class GraphedCall:
             self.graph = graph
             return True
         except Exception as e:
-            from brrr.compile.fallbacks import warn_once
+            return self._fail(f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:120]})")
 
-            warn_once(f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:120]}); launching kernels directly")
-            self.failed = True
-            return False
+    def _fail(self, why):
+        from brrr.compile.fallbacks import warn_once
+
+        warn_once(f"{why}; launching kernels directly")
+        self.failed, self.failure = True, why
+        return False
+
+
+def _static_input(a, slot, host):
+    """The graph's own copy of input `a` (`a` itself where read in place). An expanded input keeps its strides,
+    which the call holds its inputs to (compiled.layout); a host input is staged on the graph's device."""
+    if slot == "stage":
+        return copy_keeping_layout(a, host.device)
+    if slot == "copy":
+        return copy_keeping_layout(a) if overlaps(a) else a.clone()
+    return a

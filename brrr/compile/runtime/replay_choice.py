@@ -108,7 +108,7 @@ class ReplayTrial:
         if not self.captured:
             out = graphed(args)
             if out is None:   # capture failed, or an input read in place has moved
-                self._cannot_replay()
+                self._cannot_replay(graphed.failure)
                 return call(args), False
             self.captured = True
             return out, True
@@ -140,10 +140,10 @@ class ReplayTrial:
             self.hosts.append(self.host_open)
         self.open, self.host_open = None, 0.0
 
-    def _cannot_replay(self):
+    def _cannot_replay(self, why=None):
         if self.leader is None and self.label is not None:   # the other ranks then launch it too
             among_ranks.agree(self.label, None, None)
-        self._decide(False, "its CUDA graph could not capture or replay these inputs")
+        self._decide(False, why or "its CUDA graph could not capture or replay these inputs")
 
     def _decide_by_periods(self):
         launch_s, replay_s = min(self.launched), min(self.replayed)
