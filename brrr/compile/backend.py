@@ -41,6 +41,9 @@ EXTRA_DECOMPOSITIONS = [
     "native_batch_norm", "native_batch_norm_backward", "batch_norm_backward", "hardswish", "hardsigmoid",
     "leaky_relu", "elu",
 ]
+# composites core ATen decomposes that brrr lowers whole: col2im's decomposition is an accumulating index_put
+# (ATen's sort-based kernel: 16x Inductor's time for F.fold on an H100), lowered as a gather (windows.py)
+KEPT_WHOLE = ["col2im", "im2col"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -49,6 +52,9 @@ def decomposition_table():
     table = dict(core_aten_decompositions())
     ops = [getattr(aten, name) for name in EXTRA_DECOMPOSITIONS if hasattr(aten, name)]
     table.update(get_decompositions(ops))
+    for name in KEPT_WHOLE:
+        for overload in getattr(aten, name).overloads():
+            table.pop(getattr(getattr(aten, name), overload), None)
     # attention stays one ATen call (an Extern): never decompose it into bmm + softmax
     return {op: fn for op, fn in table.items() if "scaled_dot_product" not in str(op)}
 

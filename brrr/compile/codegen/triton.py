@@ -284,11 +284,25 @@ class Codegen:
     # ------------------------------------------------------------------ kernel
     def store(self, scope, node, idx, value):
         name, rdep = value
+        nan = node.meta.get("nan_wins")
+        if nan:   # atomic max/min compare floats' bits: a NaN with the sign that wins, as torch's NaN does
+            name = self.tmp(scope, f"tl.where({name} != {name}, {_nan_bits(nan, node.dtype)}, {name})", rdep)
         target = node.meta.get("atomic_into")
-        if target is not None:   # index_put(accumulate=True): add into the target buffer at a computed index
+        if target is not None:   # a scatter (lowering/scatter.py): combine into the target buffer at a computed index
             p = self.ptr(target, self.outputs, "out_ptr")
-            off, _ = self.index(scope, linear(node.meta["atomic_index"](idx), target.stride, 0))
-            scope.lines.append(f"{scope.indent}tl.atomic_add({p} + ({off}), {name}{_mask_arg(self.mask_for(False))})")
+            at = node.meta["atomic_index"](idx)
+            off, _ = self.index(scope, linear(at, target.stride, 0))
+            mask = self.mask_for(False)
+            if node.meta.get("atomic_mask") is not None:   # an index outside the target writes nothing
+                inside, _ = self.value(scope, node.meta["atomic_mask"](idx))
+                mask = f"{mask} & ({inside})" if mask else inside
+            op = node.meta.get("atomic_op", "add")
+            if op == "store":
+                val = self.narrow(name, node.dtype) if node.dtype != compute_dtype(node.dtype) else name
+                scope.lines.append(f"{scope.indent}tl.store({p} + ({off}), {val}{_mask_arg(mask)})")
+            else:
+                scope.lines.append(f"{scope.indent}tl.atomic_{op}({p} + ({off}), {name}{_mask_arg(mask)}, "
+                                   f"sem='relaxed')")
             return
         p = self.ptr(node, self.outputs, "out_ptr")
         off, ordep = self.index(scope, linear(idx, node.stride, 0))
@@ -696,6 +710,15 @@ def _strip_casts(v):
     while isinstance(v, ir.Op) and v.name == "cast" and v.dtype.is_floating_point:
         v = v.args[0]
     return v
+
+
+def _nan_bits(op, dtype):
+    """A quiet NaN of `dtype` that atomic `op` (max or min, on floats' bits as integers) always keeps: positive for
+    max, negative for min."""
+    bits = {(torch.float32, "max"): 0x7fc00000, (torch.float32, "min"): -0x400000,
+            (torch.float64, "max"): 0x7ff8000000000000, (torch.float64, "min"): -0x8000000000000}[(dtype, op)]
+    ints = "tl.int32" if dtype == torch.float32 else "tl.int64"
+    return f"tl.full([1], {bits}, {ints}).to({TL[dtype]}, bitcast=True)"
 
 
 def _mask_arg(mask):

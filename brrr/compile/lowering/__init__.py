@@ -5,11 +5,11 @@ Hands on: a `core.Lowering`: an IR node per FX node, the graph's outputs, and th
 (Externs such as matmuls and convolutions, Fallbacks with their reasons).
 
 core.py is the driver, the tables (`LOWERINGS`, `PRIMS`) and the helpers the op families share; pointwise.py,
-views.py, reductions.py and windows.py each register their ops into those tables when imported. This package
-imports them after core, so importing any module of the lowering registers every family, and core never
-imports a family back.
+views.py, scatter.py, reductions.py and windows.py each register their ops into those tables when imported.
+This package imports them after core, so importing any module of the lowering registers every family, and
+core never imports a family back.
 
 Must not import: passes, matmul, runtime, backend, explain.
 """
 
-from brrr.compile.lowering import core, pointwise, reductions, views, windows  # noqa: F401  (registration)
+from brrr.compile.lowering import core, pointwise, reductions, scatter, views, windows  # noqa: F401  (registration)

@@ -5,8 +5,8 @@ replaced by IR nodes) and returns an IR node. Anything without a lowering, or wh
 (`NotLowered(reason)`), becomes a Fallback: a buffer produced by calling the ATen op, with its reason recorded.
 
 This module is the driver, the tables and the helpers the families share; the families (pointwise.py, views.py,
-reductions.py, windows.py) import it and fill its tables, and the package imports them (lowering/__init__.py),
-so whoever imports any part of the lowering gets every family registered.
+scatter.py, reductions.py, windows.py) import it and fill its tables, and the package imports them
+(lowering/__init__.py), so whoever imports any part of the lowering gets every family registered.
 """
 
 import operator

@@ -1,5 +1,5 @@
-"""Lowerings: views (index rewrites, no data moved) and data movement: cat, pad, gather, embedding, index
-(part of core.py's tables)."""
+"""Lowerings: views (index rewrites, no data moved) and data movement: cat, pad, gather, embedding, index,
+index_put of a few positions (part of core.py's tables; accumulating scatters are in scatter.py)."""
 
 import torch
 
@@ -401,30 +401,10 @@ def lower_repeat(L, fx, x, repeats):
     return pw(L, fx, lambda idx: x([Ix.of(i) % s for i, s in zip(idx[lead:], x.shape)]))
 
 
-@register("scatter")
-def lower_scatter(L, fx, x, dim, index, src, reduce=None):
-    """scatter with one index per slice along `dim` (one-hot style: cross-entropy's backward, label smoothing)."""
-    if reduce is not None:
-        raise NotLowered(f"scatter with reduce={reduce!r}")
-    n = len(x.shape)
-    dim %= max(n, 1)
-    if not n or index.shape[dim] != 1 or any(index.shape[d] != x.shape[d] for d in range(n) if d != dim):
-        raise NotLowered("scatter with more than one index per slice")
-    out = meta(fx).dtype
-
-    def fn(idx):
-        at = list(idx)
-        at[dim] = Ix()
-        hit = Op("eq", [cast(index(at), torch.int64), IndexValue(idx[dim])], torch.bool)
-        new = cast(src(at), out) if isinstance(src, ir.Node) else Const(src, out)
-        return Op("where", [hit, new, cast(x(idx), out)], out)
-    return pw(L, fx, fn)
-
-
 MAX_PUT_POSITIONS = 16   # index_put positions a written element is compared with, one `where` each
 
 
-def _index_put_few(L, fx, x, indices, values):
+def index_put_few(L, fx, x, indices, values):
     """out = x; out[..., i[p], ...] = values[..., p, ...] for one integer index tensor of at most
     MAX_PUT_POSITIONS elements on one dim (a static KV cache's write of the new tokens: `index_copy_` along the
     sequence dim). One pointwise kernel over x: each element compares its index along that dim with every
@@ -458,35 +438,3 @@ def _index_put_few(L, fx, x, indices, values):
             result = Op("where", [hit, new, result], out)
         return result
     return pw(L, fx, fn)
-
-
-@register("index_put")
-def lower_index_put(L, fx, x, indices, values, accumulate=False):
-    """out = x; out[idx] += values (embedding backward): an init kernel, then an atomic-add kernel over values.
-    Without accumulate, a few positions on one dim (`_index_put_few`)."""
-    indices = list(indices)
-    m = meta(fx)
-    if not accumulate:
-        return _index_put_few(L, fx, x, indices, values)
-    if len(indices) != 1 or indices[0] is None or indices[0].dtype == torch.bool:
-        raise NotLowered("index_put other than accumulate=True with one integer index tensor")
-    if m.dtype != torch.float32:
-        raise NotLowered(f"index_put accumulate in {m.dtype} (atomics are generated for float32 only)")
-    index = indices[0]
-    k = len(index.shape)
-    vshape = tuple(index.shape) + tuple(x.shape[1:])
-    if tuple(values.shape) != vshape if isinstance(values, ir.Node) else True:
-        raise NotLowered("index_put with broadcast values")
-    out = ir.pointwise(L.fresh("scatter"), tuple(m.shape), m.dtype, lambda idx: cast(x(idx), m.dtype), fx=fx,
-                       ops=("index_put",))
-
-    def add_fn(idx):
-        return cast(values(idx), m.dtype)
-    add = ir.pointwise(L.fresh("scatter_add"), vshape, m.dtype, add_fn, fx=fx, ops=("index_put",))
-    add.meta["atomic_into"] = out
-    add.meta["atomic_index"] = lambda idx: [indirect(wrap_negative(cast(index(idx[:k]), torch.int64), x.shape[0]))] \
-        + list(idx[k:])
-    add.meta["fake"] = values.meta["fake"]
-    add.meta["device"] = m.device
-    out.meta["scatter"] = add
-    return out

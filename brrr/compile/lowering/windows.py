@@ -4,7 +4,9 @@ max_pool2d (with indices), avg_pool2d, adaptive_avg_pool2d and their backward op
 space (..., OH, OW, KH, KW): output positions, then the positions of a window, reduced. Their kernels walk
 memory order like any reduction, so channels_last pooling is a column reduction whose loads run along C. The
 backward ops gather instead of scatter: an input position sums the output gradients of the windows that hold
-it, enumerated as a small fixed window of candidate output positions (no atomics).
+it, enumerated as a small fixed window of candidate output positions (no atomics). im2col (F.unfold) is one
+pointwise gather; col2im (F.fold) is the same gather as pooling's backward: each output element sums the column
+entries of the windows that cover it (backend.py keeps both ops whole).
 """
 
 import torch
@@ -12,7 +14,8 @@ import torch
 from brrr.compile.ir import nodes as ir
 from brrr.compile.ir.indexing import Ix
 from brrr.compile.ir.nodes import Const, IndexValue, Op
-from brrr.compile.lowering.core import cast, kept_index, make_reduction, masked, meta, register
+from brrr.compile.lowering.core import (NotLowered, cast, device_of, indirect, kept_index, make_reduction, masked,
+                                        meta, register)
 
 I64 = torch.int64
 
@@ -297,3 +300,81 @@ def lower_adaptive_avg_pool2d_backward(L, fx, grad, x):
         return _gated(valid, read, 0, compute)
     window = _window(L, fx, x, lead + (H, W, jh, jw), value_at)
     return make_reduction(L, fx, window, (nl + 2, nl + 3), "sum", tuple(m.shape), m.dtype)
+
+
+class Unfolding:
+    """Sizes of im2col / col2im: image (..., C, H, W), columns (..., C * kh * kw, OH * OW)."""
+
+    def __init__(self, image_hw, kernel_size, dilation, padding, stride):
+        (self.kh, self.kw), (self.dh, self.dw) = _pair(kernel_size), _pair(dilation)
+        (self.ph, self.pw), (self.sh, self.sw) = _pair(padding), _pair(stride)
+        self.H, self.W = image_hw
+        self.OH = (self.H + 2 * self.ph - (self.kh - 1) * self.dh - 1) // self.sh + 1
+        self.OW = (self.W + 2 * self.pw - (self.kw - 1) * self.dw - 1) // self.sw + 1
+
+    @staticmethod
+    def candidates(size, k, d, s, p, out):
+        """The column positions (o, kernel offset) along one dim that image position i feeds: o counts the
+        J = ((k - 1) * d) // s + 1 windows that can reach i, from the last; offset = (i + p - o * s) / d, a
+        non-negative value, where it divides and is under k. Returns (J, fn(i, j) -> (o, offset, valid))."""
+        J = ((k - 1) * d) // s + 1
+
+        def at(i, j):
+            o = (Ix.of(i) + p) // s + Ix.of(j) + (-(J - 1))
+            t = _op("sub", _op("add", i, p) if p else _int(i), _op("mul", o, s) if s > 1 else _int(o))
+            valid = [_in_range(o, 0, out, -(J - 1), (size - 1 + p) // s)]
+            if d == 1:
+                offset = t
+            else:
+                valid.append(_op("eq", _op("fmod", t, d), 0, dtype=torch.bool))
+                offset = _op("truncdiv", t, d)
+            if d > 1 or J * s > k:   # else the offset, under J * s, is always under k
+                valid.append(_op("lt", offset, k, dtype=torch.bool))
+            return o, offset, _all(valid)
+        return J, at
+
+
+@register("im2col")
+def lower_im2col(L, fx, x, kernel_size, dilation, padding, stride):
+    """out[..., c * kh * kw + a * kw + b, oh * OW + ow] = x[..., c, oh * sh + a * dh - ph, ow * sw + b * dw - pw],
+    0 outside the image: one pointwise kernel (F.unfold)."""
+    m = meta(fx)
+    u = Unfolding(x.shape[-2:], kernel_size, dilation, padding, stride)
+    nl = len(x.shape) - 3
+    out = m.dtype
+
+    def fn(idx):
+        ch, l = Ix.of(idx[nl]), Ix.of(idx[nl + 1])
+        c, a, b = ch // (u.kh * u.kw), (ch // u.kw) % u.kh, ch % u.kw
+        ih = (l // u.OW) * u.sh + a * u.dh + (-u.ph)
+        iw = (l % u.OW) * u.sw + b * u.dw + (-u.pw)
+        valid = _all([_in_range(ih, 0, u.H, -u.ph, (u.OH - 1) * u.sh + (u.kh - 1) * u.dh - u.ph),
+                      _in_range(iw, 0, u.W, -u.pw, (u.OW - 1) * u.sw + (u.kw - 1) * u.dw - u.pw)])
+        return _gated(valid, lambda: x(list(idx[:nl]) + [c, ih, iw]), 0, out)
+    return ir.pointwise(L.fresh("pw"), tuple(m.shape), out, fn, fx=fx, ops=("im2col",))
+
+
+@register("col2im")
+def lower_col2im(L, fx, cols, output_size, kernel_size, dilation, padding, stride):
+    """out[..., c, h, w]: the sum of the column entries that cover (h, w), gathered per output element as a
+    reduction over the (JH, JW) windows that can reach it (F.fold; no atomics, deterministic)."""
+    m = meta(fx)
+    u = Unfolding(tuple(output_size), kernel_size, dilation, padding, stride)
+    if u.OH * u.OW != cols.shape[-1]:
+        raise NotLowered("col2im columns that do not match the output size")
+    nl = len(m.shape) - 3
+    lead, C = tuple(m.shape[:nl]), m.shape[nl]
+    compute = _accumulator(m.dtype)
+    jh, along_h = u.candidates(u.H, u.kh, u.dh, u.sh, u.ph, u.OH)
+    jw, along_w = u.candidates(u.W, u.kw, u.dw, u.sw, u.pw, u.OW)
+
+    def value_at(idx):
+        c, h, w, a, b = idx[nl:]
+        oh, ki, vh = along_h(h, a)
+        ow, kj, vw = along_w(w, b)
+        channel = Ix.of(c) * (u.kh * u.kw) + indirect(_op("add", _op("mul", ki, u.kw), kj))
+        return _gated(_all([vh, vw]), lambda: cols(list(idx[:nl]) + [channel, Ix.of(oh) * u.OW + ow]), 0, compute)
+    space = lead + (C, u.H, u.W, jh, jw)
+    window = ir.pointwise(L.fresh("window"), space, compute, value_at, fx=fx, ops=("col2im",))
+    window.meta["device"] = device_of(cols)
+    return make_reduction(L, fx, window, (nl + 3, nl + 4), "sum", tuple(m.shape), m.dtype)
