@@ -318,6 +318,9 @@ def _hf_config(t, cls_name, sizes, quick):
             fields["depths"] = TINY["depths"][:len(defaults["depths"])]
         if "num_heads" in defaults and isinstance(defaults["num_heads"], list):
             fields["num_heads"] = [2] * len(defaults["num_heads"])
+        if "vocab_size" in defaults:   # special tokens inside the tiny vocabulary (Whisper's pad is an embedding's)
+            fields.update({k: TINY["vocab_size"] - 1 for k, v in defaults.items()
+                           if k.endswith("token_id") and isinstance(v, int) and v >= TINY["vocab_size"]})
     fields.update({k: 0.0 for k in NO_DROPOUT if isinstance(defaults.get(k), float)})
     return config_cls(**fields)
 
@@ -460,17 +463,20 @@ def _package(name):
 
 
 class CTCStep(nn.Module):
-    """An acoustic model's training step: CTC loss of its per-frame class scores against random targets."""
+    """An acoustic model's training step: CTC loss of its per-frame class scores against random targets. The
+    frame and target lengths are made on the device unless passed (a training script's host tensors)."""
 
     def __init__(self, model, scores):
         super().__init__()
         self.model, self.scores = model, scores
 
-    def forward(self, audio, targets):
+    def forward(self, audio, targets, frames=None, lengths=None):
         logits = self.scores(self.model, audio)                      # [batch, frames, classes]
         log_probs = logits.float().log_softmax(-1).transpose(0, 1)  # [frames, batch, classes]
-        frames = torch.full((audio.shape[0],), log_probs.shape[0], dtype=torch.long, device=audio.device)
-        lengths = torch.full((audio.shape[0],), targets.shape[1], dtype=torch.long, device=audio.device)
+        if frames is None:
+            frames = torch.full((audio.shape[0],), log_probs.shape[0], dtype=torch.long, device=audio.device)
+        if lengths is None:
+            lengths = torch.full((audio.shape[0],), targets.shape[1], dtype=torch.long, device=audio.device)
         return nn.functional.ctc_loss(log_probs, targets, frames, lengths)
 
 
@@ -607,15 +613,21 @@ def _graph_build(name, train, precision):
         else:
             models = _package("torch_geometric").nn.models
             model, nodes, edges, features, classes = _seeded(lambda: GRAPHS[name](models)), 50_000, 500_000, 128, 40
-        model = model.to(device=device, dtype=dtype)
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(nodes, features, generator=g).to(device=device, dtype=dtype)
-        edge_index = torch.randint(0, nodes, (2, edges), generator=g).to(device)
-        if not train:
-            return Workload(model.eval(), (x, edge_index))
-        labels = torch.randint(0, classes, (nodes,), generator=g).to(device)
-        return Workload(NodeLoss(model).train(), (x, edge_index, labels), train=True)
+        return graph_workload(model, nodes, edges, features, classes, train, device, dtype)
     return build
+
+
+def graph_workload(model, nodes, edges, features, classes, train, device, dtype):
+    """A node-classification net on a random graph: random features and edges (no self loops added), its
+    node classes for inference, cross-entropy against random labels for a training step."""
+    model = model.to(device=device, dtype=dtype)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(nodes, features, generator=g).to(device=device, dtype=dtype)
+    edge_index = torch.randint(0, nodes, (2, edges), generator=g).to(device)
+    if not train:
+        return Workload(model.eval(), (x, edge_index))
+    labels = torch.randint(0, classes, (nodes,), generator=g).to(device)
+    return Workload(NodeLoss(model).train(), (x, edge_index, labels), train=True)
 
 
 def others_configs():

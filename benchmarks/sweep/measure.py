@@ -28,7 +28,7 @@ from brrr.bench.runner import _reason
 from brrr.bench.step import Step, differentiable_outputs, make_cotangents, to_dtype
 from brrr.bench.timing import time_kernel, time_steady
 from brrr.compile.runtime.replay_choice import TRIAL_CALLS
-from brrr.cost.device import synchronize
+from brrr.cost.device import synchronize, time_once
 from kernels import top_kernels
 
 BACKENDS = ("eager", "brrr", "inductor", "inductor-reduce-overhead")
@@ -196,7 +196,7 @@ def _optimizer(work, precision):
 
 
 def measure_backend(backend, work, config, input_sets, cotangents, weights, reference, device, warmup, rep,
-                    profile=False):
+                    profile=False, smoke=False):
     """A row for one backend: compile, correctness, timing and memory (see the module docstring)."""
     row = {"backend": backend, "status": "ok"}
     weights.restore()
@@ -218,16 +218,14 @@ def measure_backend(backend, work, config, input_sets, cotangents, weights, refe
             if wrong:
                 row["status"], row["reason"] = "wrong", wrong
         _reset_peak(device)
-        for _ in range(TRIAL_CALLS):   # brrr chooses launching or replaying on its first calls
-            step.cycle()
-        timing = time_kernel(step.cycle, device, warmup=warmup, rep=rep)
-        row["median_s"], row["p20_s"], row["p80_s"] = timing.median_s, timing.p20_s, timing.p80_s
-        row["steady_s"] = time_steady(step.cycle, device).median_s
+        row.update(_timed(step, device, warmup, rep, smoke))
         peaks = [first_peak, _peak(device)]
         row["peak_memory_bytes"] = max(peaks) if None not in peaks else None
-        _reset_peak(device)
-        step.cycle()
-        row["steady_peak_memory_bytes"] = _peak(device)
+        row["steady_peak_memory_bytes"] = None
+        if device.type == "cuda":
+            _reset_peak(device)
+            step.cycle()
+            row["steady_peak_memory_bytes"] = _peak(device)
         if profile:
             row["kernels"] = top_kernels(step.cycle, device)
     except Exception as exc:   # one backend's failure is its row's, never the configuration's
@@ -242,6 +240,19 @@ def measure_backend(backend, work, config, input_sets, cotangents, weights, refe
     return row
 
 
+def _timed(step, device, warmup, rep, smoke):
+    """median_s, p20_s, p80_s and steady_s of a step; `smoke`: one call timed once (a CPU smoke run's times
+    mean nothing, and each of its calls runs Triton's interpreter)."""
+    if smoke:
+        once = time_once(step.cycle, device)
+        return {"median_s": once, "p20_s": once, "p80_s": once, "steady_s": once}
+    for _ in range(TRIAL_CALLS):   # brrr chooses launching or replaying on its first calls
+        step.cycle()
+    timing = time_kernel(step.cycle, device, warmup=warmup, rep=rep)
+    return {"median_s": timing.median_s, "p20_s": timing.p20_s, "p80_s": timing.p80_s,
+            "steady_s": time_steady(step.cycle, device).median_s}
+
+
 def _reset_cudagraph_trees():
     try:
         from torch._inductor.cudagraph_trees import reset_cudagraph_trees
@@ -250,9 +261,9 @@ def _reset_cudagraph_trees():
     reset_cudagraph_trees()
 
 
-def measure(config, work, backends, device, warmup=25, rep=200, profile=False):
+def measure(config, work, backends, device, warmup=25, rep=200, profile=False, smoke=False):
     """{backend: row} for `work` (a built configuration), with `backends` in order after eager; `profile`:
-    each compiled backend's top kernels too."""
+    each compiled backend's top kernels too; `smoke`: each backend timed by one call only."""
     device = torch.device(device)
     input_sets = [tuple(inputs) for _, inputs in work.shapes] if work.shapes else [tuple(work.inputs)]
     cotangents = None
@@ -264,5 +275,5 @@ def measure(config, work, backends, device, warmup=25, rep=200, profile=False):
     rows = {}
     for backend in ["eager"] + [b for b in backends if b != "eager"]:
         rows[backend] = measure_backend(backend, work, config, input_sets, cotangents, weights, reference, device,
-                                        warmup, rep, profile=profile and backend != "eager")
+                                        warmup, rep, profile=profile and backend != "eager", smoke=smoke)
     return rows
