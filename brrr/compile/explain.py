@@ -82,6 +82,8 @@ class Explanation:
     notes: list = field(default_factory=list)
     seen: list = field(default_factory=list)         # fallbacks.Fallback of kernel/graph scope while compiling
     replays: list = field(default_factory=list)      # replay_choice.Decision of graphs run in this process
+    floor: list = field(default_factory=list)        # floor.Verdict: kernels measured against their roofline
+    captured: list = field(default_factory=list)     # captured_choice.Decision: compiled against as captured
     paddings: list = field(default_factory=list)     # (graph, pad_matmuls.Padding): unaligned matmuls
     linear_losses: list = field(default_factory=list)  # passes.linear_cross_entropy.Rewrite: losses without logits
     matmuls: list = field(default_factory=list)      # MatmulInfo: each matmul, cuBLAS or a template kernel
@@ -156,6 +158,15 @@ class Explanation:
         if self.replays:
             lines.append("CUDA graphs chosen by timing (cuda_graphs=\"auto\") for graphs run in this process:")
             for d in self.replays:
+                lines.append(f"  {d}")
+        if self.floor:
+            lines.append("kernels measured against their roofline on their graph's first call (the floor; "
+                         "BRRR_FLOOR=0 turns it off), for graphs run in this process:")
+            for v in self.floor:
+                lines.append(f"  {v}")
+        if self.captured:
+            lines.append("graphs timed compiled against as Dynamo captured them, for graphs run in this process:")
+            for d in self.captured:
                 lines.append(f"  {d}")
         if self.refusals:
             lines.append("not fused, and why:")
@@ -277,13 +288,15 @@ def explain(fn_or_model, *inputs, train=False, dynamic=False):
     from brrr.compile import fallbacks
     from brrr.compile.backend import make_backend
     from brrr.compile.passes import graph_breaks
-    from brrr.compile.runtime import replay_choice
+    from brrr.compile.runtime import captured_choice, floor, replay_choice
 
     ex = Explanation()
     graph_breaks.resync()
     logged = len(fallbacks.LOG)
     ex.seen = [f for f in fallbacks.LOG if f.scope != "op"]   # op scope: each plan lists its own
     ex.replays = list(replay_choice.DECISIONS)
+    ex.floor = list(floor.DECISIONS)
+    ex.captured = list(captured_choice.DECISIONS)
     backend = make_backend(_sink=ex)
     compiled = torch.compile(fn_or_model, backend=backend, dynamic=dynamic)
     with torch.set_grad_enabled(train):

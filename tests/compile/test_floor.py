@@ -159,3 +159,15 @@ def test_a_second_process_reuses_the_verdicts(tmp_path):
     first, second = (dict(line.split("=") for line in r.stdout.split()) for r in runs)
     assert first["timed_calls"] == "3" and first["kept"] == "split"
     assert second["timed_calls"] == "0" and second["timed_kernels"] == "0" and second["kept"] == "split"
+
+
+def test_explain_lists_each_kernels_measurement_and_what_was_kept(timer_of):
+    import brrr
+
+    timer_of(FakeTimer(3.0, 2.0, 2.5))
+    x, w = torch.randn(8, 64), torch.randn(64)
+    _run(x, w)
+    text = str(brrr.explain(norm_block, x, w))
+    [line] = [line for line in text.splitlines() if "whole calls" in line]
+    assert "roofline 1 us (0%)" in line and "fused 3000000 us" in line and "split 2000000 us" in line
+    assert line.endswith("kept split")

@@ -108,7 +108,7 @@ class ReplayTrial:
         if not self.captured:
             out = graphed(args)
             if out is None:   # capture failed, or an input read in place has moved
-                self._cannot_replay(graphed.failure)
+                self._cannot_replay(getattr(graphed, "failure", None))
                 return call(args), False
             self.captured = True
             return out, True
