@@ -116,7 +116,8 @@ def markdown(results):
         if mode in kernels:
             lines.append(f"  - {mode}: {_kernels(kernels[mode], 3)}")
     logged = [(n, k, e[k]) for n, e in results["configs"].items()
-              for k in ("brrr_fallbacks", "graph_breaks", "replay_decisions") if e.get(k)]
+              for k in ("brrr_fallbacks", "graph_breaks", "replay_decisions", "floor_decisions", "captured_decisions")
+              if e.get(k)]
     if logged:
         lines += ["", "## What brrr logged", ""]
         lines += [f"- {n}, {k}: " + "; ".join(str(x)[:160] for x in items[:6]) + (" ..." if len(items) > 6 else "")

@@ -121,10 +121,11 @@ def brrr_logs():
     """brrr's logs of what it decided, as (module, list name) pairs: each configuration records what grew."""
     from brrr.compile import fallbacks
     from brrr.compile.passes import graph_breaks
-    from brrr.compile.runtime import replay_choice
+    from brrr.compile.runtime import captured_choice, floor, replay_choice
 
     return {"replay_decisions": replay_choice.DECISIONS, "brrr_fallbacks": fallbacks.LOG,
-            "graph_breaks": graph_breaks.LOG}
+            "graph_breaks": graph_breaks.LOG, "floor_decisions": floor.DECISIONS,
+            "captured_decisions": captured_choice.DECISIONS}
 
 
 def _log_line(key, item):
@@ -173,7 +174,7 @@ def run_config(config, backends, device, cache, versions, quick, rep_ms, profile
                      error=f"{type(e).__name__}: {e}"[:500], traceback=traceback.format_exc()[-3000:])
     entry["elapsed_s"] = time.perf_counter() - start
     for k, items in logs.items():
-        entry[k] = [_log_line(k, item) for item in items[marks[k]:]]
+        entry[k] = [_log_line(k, item) for item in items[marks[k]:] if k != "floor_decisions" or item.tried or item.fraction < 0.3]
     del work
     gc.collect()
     if torch.cuda.is_available():

@@ -242,3 +242,22 @@ def test_a_compiled_graph_with_expanded_inputs_and_outputs_replays_and_equals_ea
             torch.testing.assert_close(a, b)
         assert got[1].stride() == want[1].stride()
     assert fake_cuda_graphs.replays == 3   # captured on the second call (which replays it), then two more
+
+
+def test_host_constants_moved_inside_aotautogradss_fake_mode_are_real_tensors():
+    """Planning runs with AOTAutograd's fake mode active: the moved constant must still hold its values. Also the
+    functional form of `device_tensor.copy_(host_constant)`, `aten.copy`, moves once."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    def f(x):
+        buf = torch.empty(2, device=x.device)
+        buf.copy_(torch.tensor([3.0, 4.0]))
+        return x + buf + torch.tensor([1.0, 2.0]).to(x.device)
+    gm = make_fx(torch.func.functionalize(f))(torch.empty(3, 2, device="meta"))
+    assert any(n.target is torch.ops.aten.copy.default for n in gm.graph.nodes)
+    with FakeTensorMode():
+        assert move_host_constants(gm) == 2
+    constants = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
+    assert len(constants) == 2 and not any(isinstance(c, FakeTensor) for c in constants)
+    assert not any(n.target in (torch.ops.aten.copy.default, torch.ops.aten._to_copy.default)
+                   for n in gm.graph.nodes)

@@ -9,7 +9,7 @@ stages those).
 """
 
 import torch
-
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 
 def _on_host(node):
@@ -18,12 +18,30 @@ def _on_host(node):
 
 
 def _copied_to_device(node):
-    """The host tensor a `_to_copy` to another device copies, else None."""
-    if node.op != "call_function" or node.target is not torch.ops.aten._to_copy.default or _on_host(node):
+    """The host tensor a `_to_copy` to another device copies, or one `copy` writes whole into a device tensor
+    (what `device_tensor.copy_(host)` functionalizes to: its value does not depend on the destination's), else
+    None."""
+    if node.op != "call_function" or _on_host(node):
         return None
     val = node.meta.get("val")
-    src = node.args[0] if node.args else None
-    return src if isinstance(val, torch.Tensor) and _on_host(src) else None
+    if not isinstance(val, torch.Tensor) or any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
+        return None
+    if node.target is torch.ops.aten._to_copy.default and node.args:
+        src = node.args[0]
+    elif node.target is torch.ops.aten.copy.default and len(node.args) >= 2:
+        src = node.args[1]
+    else:
+        return None
+    return src if _on_host(src) else None
+
+
+def _device_value(node, host):
+    """What `node` (a copy of a host tensor to the device) computes, from the host tensor's value."""
+    val = node.meta["val"]
+    if node.target is torch.ops.aten.copy.default:
+        return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=val.device).copy_(host)
+    return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=val.device).copy_(
+        host.to(val.dtype))
 
 
 def _host_constant(node, known):
@@ -58,8 +76,9 @@ def move_host_constants(gm):
         src = _copied_to_device(node)
         if src is None or not _host_constant(src, known):
             continue
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: _evaluate(gm, n, values))
-        on_device = node.target(*args, **kwargs)
+        # planning runs inside AOTAutograd's fake mode: the constant must be a real tensor
+        with unset_fake_temporarily():
+            on_device = _device_value(node, _evaluate(gm, src, values))
         name = f"_brrr_device_constant_{moved}"
         while hasattr(gm, name):
             name += "_"
