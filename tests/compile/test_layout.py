@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from brrr.compile.backend import make_backend
 from brrr.compile.ir import nodes as ir
 from brrr.compile.ir.indexing import Ix, linear
+from brrr.compile.lowering.core import SPLIT_MAX_X
 from tests.compile.helpers import compiled, rel_err, to64
 
 
@@ -151,15 +152,20 @@ def test_row_or_column_reduction_follows_memory_order(memory_format, column):
     (kernel,) = kernels_of(lambda x: x.sum((0, 2, 3)), x)
     assert kernel.dims == (0, 2, 3) and kernel.is_column() == column
     # at batch-norm size: channels_last columns split into [chunk, rows, channels] partials and a final
-    # column kernel; contiguous rows (256 of them) stay one row kernel
-    big = torch.empty(64, 256, 56, 56, device="meta").to(memory_format=memory_format)
-    ks = kernels_of(lambda x: x.sum((0, 2, 3)), big)
-    if column:
-        partial, final = ks
-        assert partial.is_column() and partial.shape[-1] == 256 and final.is_column()
-    else:
-        (kernel,) = ks
-        assert kernel.shape == (64, 256, 56, 56) and not kernel.is_column()
+    # column kernel; contiguous rows split into partials and a final row kernel up to SPLIT_MAX_X rows (64
+    # channels stay few programs otherwise), and more rows stay one row kernel
+    for channels in (64, 512):
+        big = torch.empty(64, channels, 56, 56, device="meta").to(memory_format=memory_format)
+        ks = kernels_of(lambda x: x.sum((0, 2, 3)), big)
+        if column:
+            partial, final = ks
+            assert partial.is_column() and partial.shape[-1] == channels and final.is_column()
+        elif channels <= SPLIT_MAX_X:
+            partial, final = ks
+            assert partial.shape[0] == channels and not partial.is_column() and final.shape[0] == channels
+        else:
+            (kernel,) = ks
+            assert kernel.shape == (64, channels, 56, 56) and not kernel.is_column()
 
 
 def test_kernel_reading_a_stored_reduction_walks_its_memory_order():

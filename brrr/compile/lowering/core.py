@@ -211,7 +211,8 @@ def make_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body=None, acc_d
 
 
 SPLIT_MIN_R = 32768    # a few rows this long would leave most of a GPU idle: reduce them in two kernels
-SPLIT_MAX_X = 32
+SPLIT_MAX_X = 256     # ... up to this many (two per SM of an H100): an NCHW batch norm's statistics over 64 channels
+                      # of 128x112x112 ran as 64 programs, 1.3 ms forward and 1.9 ms backward, 21-24% of the roof
 SPLIT_COLUMN_MIN_R = 1024      # columns this long, over a tensor of at least SPLIT_COLUMN_MIN_NUMEL, split
 SPLIT_COLUMN_MIN_NUMEL = 1 << 20
 SPLIT_COLUMN_PROGRAMS = 1024   # the split aims at this many [columns, chunk] programs: many per SM
