@@ -43,7 +43,8 @@ MARGIN = 0.97          # an alternative must save 3%: less is within the timer's
 MAX_SLOW = 3           # slow kernels given alternatives per graph (each alternative is a compile)
 KERNEL_SAMPLES = 2     # instrumented calls; each kernel keeps its least time
 CALL_SAMPLES = 5       # timed whole calls per candidate, after one checking call
-VERSION = 1            # of the verdicts' format and rules: a change makes old verdicts miss
+HEAD_START_CYCLES = 20_000_000   # ~10 ms of GPU clock: longer than the host takes to queue a large graph
+VERSION = 2            # of the verdicts' format and rules: a change makes old verdicts miss
 
 TIMER = None           # a stand-in for DeviceTimer (tests)
 DECISIONS = []         # Verdict records, process-wide, in the order they were made
@@ -147,6 +148,10 @@ class DeviceTimer:
         originals = {n: glb[n] for n in names if glb.get(n) is not None}
         for name, launcher in originals.items():
             glb[name] = _Timed(launcher, events.setdefault(name, []))
+        torch.cuda.synchronize()
+        # the GPU sleeps while the host queues the call, so each kernel starts as its predecessor ends: an idle
+        # GPU would count the host's launch time into every event pair (tiny kernels read 20-70 us)
+        torch.cuda._sleep(HEAD_START_CYCLES)
         try:
             call(args)
         finally:
