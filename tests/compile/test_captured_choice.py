@@ -3,6 +3,7 @@ compiled runs as Dynamo captured it when that measured faster, and stays compile
 either way."""
 
 import contextlib
+import copy
 
 import pytest
 import torch
@@ -80,3 +81,26 @@ def test_plain_callables_alternate_after_the_warmup_and_decide_once():
     assert trial.count("captured") == trial.count("compiled") == captured_choice.SAMPLES
     assert wrapper.chosen is not None   # equal periods: compiled stays (the captured graph must save 3%)
     assert ran[-1] == "compiled"
+
+
+@pytest.mark.parametrize("captured_faster", [True, False])
+def test_training_steps_stay_equal_to_eager_through_the_trial_and_after(clock_of, captured_faster):
+    """Calls alternate between brrr's forward (its own backward) and the graph as captured (eager's autograd)
+    during the trial: every step's loss and gradients equal eager's, whichever way ran."""
+    clock_of(LaunchClock(5.0, 3.0) if captured_faster else LaunchClock(1.0, 4.0))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    reference = copy.deepcopy(model)
+    torch._dynamo.reset()
+    fn = compiled(model)
+    for _ in range(captured_choice.WARMUP_CALLS + 2 * captured_choice.SAMPLES + 3):
+        x = torch.randn(8, 16)
+        loss, expected = fn(x).square().mean(), reference(x).square().mean()
+        loss.backward()
+        expected.backward()
+        torch.testing.assert_close(loss, expected)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+            p.grad = q.grad = None
+    [decision] = captured_choice.DECISIONS
+    assert decision.captured is captured_faster
