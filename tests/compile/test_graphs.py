@@ -25,7 +25,7 @@ def test_unmoved_inputs_read_in_place_others_copied_outputs_copied(fake_cuda_gra
     torch.testing.assert_close(out[0], x2 * w * 2)   # the first result was a copy: not overwritten
     torch.testing.assert_close(again[0], x1 * w * 2)
     assert g([x1, torch.randn(4)]) is None           # a moved "address" input: no replay
-    assert g.refusals == 1
+    assert g.refusals == 1 and g.failure.startswith("input 1 ((4,)), read in place")   # the trial's reason
 
 
 def test_an_activation_at_one_address_for_two_calls_still_replays_once_it_moves(fake_cuda_graphs):

@@ -226,14 +226,18 @@ class GraphedCall:
 
     def __call__(self, args):
         if self.pin and not self.pinned_ready:
+            self.failure = "the saved tensors it reads were not lent by its forward's replay"
             return None
         if self.graph is None and not self._capture(args):
             return None
         for i, ptr in self.addressed:
             if args[i].data_ptr() != ptr:
                 self.refusals += 1
+                self.failure = (f"input {i} ({tuple(args[i].shape)}), read in place as a parameter or buffer, "
+                                f"came at another address")
                 return None
         if self._overwrites_held():
+            self.failure = "a replay would overwrite memory it gave out that is still held"
             return None
         if self.pool is not None:
             self.pool.settle_loans()   # any member's memory may be this replay's

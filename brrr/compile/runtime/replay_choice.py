@@ -127,7 +127,7 @@ class ReplayTrial:
             return out, True
         if self.leader is None:   # an input read in place has moved: this graph cannot replay these inputs
             self.open = None
-            self._cannot_replay()
+            self._cannot_replay(getattr(graphed, "failure", None))
         return call(args), False   # a follower out of step (its forward launched): the forward's periods see it
 
     def _close_period(self):
