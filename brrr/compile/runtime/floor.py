@@ -136,7 +136,10 @@ def enabled(graph):
     if os.environ.get("BRRR_FLOOR") == "0" or not getattr(graph, "kernel_choices", None) or \
             getattr(graph, "alternative", None) is None:
         return False
-    return TIMER is not None or (graph.device is not None and torch.cuda.is_available())
+    if TIMER is not None:
+        return True
+    # inside the caller's own CUDA-graph capture nothing may synchronize: the kernels stay as planned
+    return graph.device is not None and torch.cuda.is_available() and not torch.cuda.is_current_stream_capturing()
 
 
 class DeviceTimer:
