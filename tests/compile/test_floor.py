@@ -84,7 +84,7 @@ def test_a_slow_kernel_keeps_the_form_that_times_fastest(timer_of, fastest):
     torch.testing.assert_close(out, norm_block(x, w))
     slow = [v for v in floor.DECISIONS if _fuses_relu_and_mean(v.kernel)]
     assert len(slow) == 1 and slow[0].fraction < floor.THRESHOLD
-    assert set(slow[0].tried) == {"fused", "split", "aten"}
+    assert set(slow[0].tried) == {"fused", "split", "aten", "2 warps", "8 warps"}
     assert slow[0].kept == fastest
     assert timer.forms[0] == "fused" and set(timer.forms) == {"fused", "split", "aten"}
     again = compiled(norm_block)(x, w)   # the same compiled function, second call: the kept form runs
@@ -120,7 +120,7 @@ def test_cached_verdicts_are_applied_without_timing(timer_of):
     first = timer_of(FakeTimer(3.0, 2.0, 2.5))
     x, w = torch.randn(8, 64), torch.randn(64)
     _run(x, w)
-    assert first.call_calls == 3
+    assert first.call_calls == 5   # the graph, with 2 and 8 warps, split, as ATen
     second = timer_of(FakeTimer(3.0, 2.0, 2.5))
     torch.testing.assert_close(_run(x, w), norm_block(x, w))
     assert second.kernel_calls == 0 and second.call_calls == 0
@@ -135,7 +135,7 @@ def test_a_corrupt_verdict_file_is_measured_again(timer_of, tmp_path):
         f.write_text(f.read_text()[:20])
     again = timer_of(FakeTimer(3.0, 2.0, 2.5))
     torch.testing.assert_close(_run(x, w), norm_block(x, w))
-    assert again.kernel_calls == floor.KERNEL_SAMPLES and again.call_calls == 3
+    assert again.kernel_calls == floor.KERNEL_SAMPLES and again.call_calls == 5
 
 
 def test_the_floor_keeps_the_users_random_stream(timer_of):
@@ -157,7 +157,7 @@ def test_a_second_process_reuses_the_verdicts(tmp_path):
     for r in runs:
         assert r.returncode == 0, r.stderr[-2000:]
     first, second = (dict(line.split("=") for line in r.stdout.split()) for r in runs)
-    assert first["timed_calls"] == "3" and first["kept"] == "split"
+    assert first["timed_calls"] == "5" and first["kept"] == "split"
     assert second["timed_calls"] == "0" and second["timed_kernels"] == "0" and second["kept"] == "split"
 
 
@@ -171,3 +171,38 @@ def test_explain_lists_each_kernels_measurement_and_what_was_kept(timer_of):
     [line] = [line for line in text.splitlines() if "whole calls" in line]
     assert "roofline 1 us (0%)" in line and "fused 3000000 us" in line and "split 2000000 us" in line
     assert line.endswith("kept split")
+
+
+class WarpsTimer(FakeTimer):
+    """The fused kernel is fastest launched with 8 warps; split and ATen lose."""
+
+    def call_time(self, graph, args):
+        self.call_calls += 1
+        graph.call(args)
+        glb = graph.call.__globals__
+        [name] = [n for n in glb if n.startswith("brrr_") and _fuses_relu_and_mean(n)] or [None]
+        if name is None:
+            return 5.0
+        return 1.0 if glb[name].meta["num_warps"] == 8 else 3.0
+
+
+def test_a_slow_kernel_keeps_the_warps_that_time_fastest_and_a_second_compile_applies_them(timer_of, monkeypatch):
+    timer_of(WarpsTimer(0, 0, 0))
+    x, w = torch.randn(8, 64), torch.randn(64)
+    torch._dynamo.reset()
+    fn = compiled(norm_block)
+    torch.testing.assert_close(fn(x, w), norm_block(x, w))
+    [slow] = [v for v in floor.DECISIONS if v.tried]
+    assert slow.kept == "8 warps" and slow.tried["8 warps"] == 1.0 and slow.tried["fused"] == 3.0
+    again = timer_of(WarpsTimer(0, 0, 0))
+    torch._dynamo.reset()
+    fn = compiled(norm_block)
+    torch.testing.assert_close(fn(x, w), norm_block(x, w))
+    assert again.call_calls == 0
+    from brrr.compile.runtime.launch import Launcher
+
+    warps, launch = [], Launcher.__call__
+    monkeypatch.setattr(Launcher, "__call__", lambda self, *a, **k: warps.append(
+        (self.name, self.meta["num_warps"])) or launch(self, *a, **k))
+    torch.testing.assert_close(fn(x, w), norm_block(x, w))
+    assert [n for name, n in warps if _fuses_relu_and_mean(name)] == [8]
