@@ -124,19 +124,11 @@ class Explanation:
             lines.append("unaligned matmuls (padded to 16-byte leading dimensions where it pays):")
             for g, p in self.paddings:
                 lines.append(f"  [{g}] {p}")
-        if self.matmuls:
-            lines.append("matmuls (cuBLAS, or a brrr template with its epilogue: brrr.compile(matmul_templates=...)):")
-            for m in self.matmuls:
-                lines.append(f"  {m}")
-        if self.linear_losses:
-            lines.append("linear + cross-entropy computed in chunks of rows, without logits:")
-            for r in self.linear_losses:
-                lines.append(f"  {r}")
-        if self.graph_breaks:
-            lines.append("graph breaks (Dynamo split the program here: the Python between graphs runs as plain "
-                         "PyTorch, nothing fuses across):")
-            for b in self.graph_breaks:
-                lines.append(f"  {b}")
+        _section(lines, "matmuls (cuBLAS, or a brrr template with its epilogue: brrr.compile(matmul_templates=...)):",
+                 self.matmuls)
+        _section(lines, "linear + cross-entropy computed in chunks of rows, without logits:", self.linear_losses)
+        _section(lines, "graph breaks (Dynamo split the program here: the Python between graphs runs as plain "
+                        "PyTorch, nothing fuses across):", self.graph_breaks)
         if self.fallbacks:
             lines.append("fallbacks (run as ATen, not fused), by scope:")
             for f in self.fallbacks:
@@ -155,19 +147,12 @@ class Explanation:
             for kind, why in self.runtimes:
                 lines.append(f"  [{kind}] " + ("brrr's lean runtime" if why is None else
                                                f"AOTAutograd's runtime wrappers (more host time per call): {why}"))
-        if self.replays:
-            lines.append("CUDA graphs chosen by timing (cuda_graphs=\"auto\") for graphs run in this process:")
-            for d in self.replays:
-                lines.append(f"  {d}")
-        if self.floor:
-            lines.append("kernels measured against their roofline on their graph's first call (the floor; "
-                         "BRRR_FLOOR=0 turns it off), for graphs run in this process:")
-            for v in self.floor:
-                lines.append(f"  {v}")
-        if self.captured:
-            lines.append("graphs timed compiled against as Dynamo captured them, for graphs run in this process:")
-            for d in self.captured:
-                lines.append(f"  {d}")
+        _section(lines, "CUDA graphs chosen by timing (cuda_graphs=\"auto\") for graphs run in this process:",
+                 self.replays)
+        _section(lines, "kernels measured against their roofline on their graph's first call (the floor; "
+                        "BRRR_FLOOR=0 turns it off), for graphs run in this process:", self.floor)
+        _section(lines, "graphs timed compiled against as Dynamo captured them, for graphs run in this process:",
+                 self.captured)
         if self.refusals:
             lines.append("not fused, and why:")
             for g, what, why in self.refusals:
@@ -178,6 +163,13 @@ class Explanation:
 
     def source(self):
         return "\n\n".join(k.source for k in self.kernels)
+
+
+def _section(lines, title, items):
+    """`title` and one indented line per item, where there are items."""
+    if items:
+        lines.append(title)
+        lines.extend(f"  {item}" for item in items)
 
 
 def _fmt(b):

@@ -17,6 +17,7 @@ input shapes decides per shape (MAX_SHAPES; past them a new shape runs compiled)
 `CLOCK`, where set (tests), replaces the GPU's synchronization and the host's clock.
 """
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -118,8 +119,6 @@ class CompiledOrCaptured:
 
 
 def enabled(devices):
-    import os
-
     if os.environ.get("BRRR_FLOOR") == "0":
         return False
     return CLOCK is not None or ("cuda" in devices and torch.cuda.is_available())

@@ -111,7 +111,8 @@ def describe(plan, kernels, fx_nodes_of):
 def _split_points(step, nodes):
     """Where a kernel's fusions joined: its roots after the first, and the values its reductions read (through
     views) computed inside it."""
-    inside = {m.fx: m for m in getattr(step, "members", ()) if m.fx is not None and m.fx in set(nodes)}
+    nodes = set(nodes)
+    inside = {m.fx: m for m in getattr(step, "members", ()) if m.fx is not None and m.fx in nodes}
     points = [r.fx for r in step.roots[1:] if r.fx is not None]
     for root in step.roots:
         if root.kind != "reduction" or root.fx is None:
