@@ -21,7 +21,7 @@ from brrr.compile import fallbacks
 from brrr.compile.fallbacks import (GraphFallback, KernelFailed, MAX_REPLANS, debugging, is_out_of_memory, recover,
                                     warn_once)
 from brrr.compile.ir import sizes
-from brrr.compile.passes import graph_breaks
+from brrr.compile.passes import graph_breaks, layouts
 from brrr.compile.passes.attention_mask import contiguous_attention_masks
 from brrr.compile.passes.linear_cross_entropy import fuse_linear_cross_entropy
 from brrr.compile.passes.partition import partition_fn
@@ -293,6 +293,14 @@ def _fastest(compiled, eager_forward, example_inputs, per_shape):
     return captured_choice.CompiledOrCaptured(compiled, eager_forward, per_shape)
 
 
+def _with_layouts(partition):
+    """`partition` after the layout pass over AOTAutograd's joint graph: the forward and its backward share the
+    layouts, and what the forward saves is saved in them."""
+    def partition_with_layouts(joint_module, joint_inputs, **kwargs):
+        return partition(layouts.choose(joint_module, "training"), joint_inputs, **kwargs)
+    return partition_with_layouts
+
+
 def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink=None, matmul_templates=None,
                     symbolic_sizes=False, recompute=None):
     """brrr_backend for a graph of concrete sizes; `symbolic_sizes`: for one of symbolic sizes, planned at them, or
@@ -306,6 +314,8 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
 
     def compiler(kind):
         def compile_kind(g, inputs):
+            if kind == "inference":   # a training graph's layouts were chosen on its joint graph (partition)
+                g = layouts.choose(g, "inference")
             try:
                 compiled = compile_graph(g, inputs, cuda_graphs=cuda_graphs, sink=_sink, graph_kind=kind,
                                          matmul_templates=matmul_templates, symbolic_sizes=symbolic_sizes)
@@ -322,7 +332,7 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
 
     backend = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                            inference_compiler=compiler("inference"), decompositions=decomposition_table(),
-                           partition_fn=partition_fn(recompute))
+                           partition_fn=_with_layouts(partition_fn(recompute)))
     try:
         rewrites = fuse_linear_cross_entropy(gm)
     except Exception as e:   # an optimization only: the graph stays as Dynamo gave it

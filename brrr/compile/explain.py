@@ -84,6 +84,7 @@ class Explanation:
     replays: list = field(default_factory=list)      # replay_choice.Decision of graphs run in this process
     floor: list = field(default_factory=list)        # floor.Verdict: kernels measured against their roofline
     captured: list = field(default_factory=list)     # captured_choice.Decision: compiled against as captured
+    layouts: list = field(default_factory=list)      # passes.layouts.Decision: each convolution graph's layout
     paddings: list = field(default_factory=list)     # (graph, pad_matmuls.Padding): unaligned matmuls
     linear_losses: list = field(default_factory=list)  # passes.linear_cross_entropy.Rewrite: losses without logits
     matmuls: list = field(default_factory=list)      # MatmulInfo: each matmul, cuBLAS or a template kernel
@@ -124,6 +125,8 @@ class Explanation:
             lines.append("unaligned matmuls (padded to 16-byte leading dimensions where it pays):")
             for g, p in self.paddings:
                 lines.append(f"  [{g}] {p}")
+        _section(lines, "layouts chosen from the convolutions' measured times (BRRR_LAYOUTS=0 turns it off):",
+                 self.layouts)
         _section(lines, "matmuls (cuBLAS, or a brrr template with its epilogue: brrr.compile(matmul_templates=...)):",
                  self.matmuls)
         _section(lines, "linear + cross-entropy computed in chunks of rows, without logits:", self.linear_losses)
@@ -279,7 +282,7 @@ def explain(fn_or_model, *inputs, train=False, dynamic=False):
     `dynamic` is torch.compile's: True plans the graph Dynamo captures with symbolic sizes."""
     from brrr.compile import fallbacks
     from brrr.compile.backend import make_backend
-    from brrr.compile.passes import graph_breaks
+    from brrr.compile.passes import graph_breaks, layouts
     from brrr.compile.runtime import captured_choice, floor, replay_choice
 
     ex = Explanation()
@@ -291,6 +294,7 @@ def explain(fn_or_model, *inputs, train=False, dynamic=False):
     ex.captured = list(captured_choice.DECISIONS)
     backend = make_backend(_sink=ex)
     compiled = torch.compile(fn_or_model, backend=backend, dynamic=dynamic)
+    decided = len(layouts.DECISIONS)
     with torch.set_grad_enabled(train):
         out = compiled(*inputs)
         if train:
@@ -299,6 +303,7 @@ def explain(fn_or_model, *inputs, train=False, dynamic=False):
                 ex.notes.append("train=True but no output requires grad: forward only")
             else:
                 torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    ex.layouts = layouts.DECISIONS[decided:]   # this plan's own: a layout is chosen while compiling
     del fallbacks.LOG[logged:]   # explain's own planning is not a compile: keep it out of the process log
     if not ex.graphs:
         ex.notes.append("Dynamo produced no graph (nothing to compile, or this function was compiled before)")

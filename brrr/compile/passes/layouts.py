@@ -1,0 +1,221 @@
+"""Layouts for the whole graph (backend -> **layouts** -> partition -> lowering): a convolution graph runs
+channels_last when its measured convolutions say so, whatever layout the user passed.
+
+PyTorch models are NCHW unless their user converts them, and cuDNN's NCHW kernels are often several times slower
+than its NHWC ones (depthwise convolutions, 1x1 convolutions as `align1` GEMMs). brrr's own kernels are fast in
+either layout, so the layout is the convolutions' choice, paid for by the copies that convert:
+
+- Every 2-D convolution of the graph (forward `aten.convolution` and backward `aten.convolution_backward`; a
+  training graph is AOTAutograd's joint graph, so the backward follows the forward's layouts) whose tensors are
+  not already channels_last is timed as the graph has it and channels_last (conv_timing.py, cached on disk).
+- The candidate graph converts each such convolution's 4-D tensors with `clone(memory_format=channels_last)`,
+  one clone per source tensor (a graph input, a weight: once per call), placed before its first convolution.
+  Every other op then follows eager's rules on the new strides (fake tensors propagated through the graph), so
+  activations stay channels_last from one convolution to the next and no copy sits between them.
+- Outputs keep the layout the user's graph gives them: an output that changed is cloned back (a gradient of an
+  NCHW weight, a feature map returned to the caller).
+- The graph converts when its convolutions' channels_last time plus the copies' (bytes at the measured copy
+  bandwidth, plus a launch each) is below MARGIN of their time as they are. One decision per graph: every
+  convolution moves, or none.
+
+`DECISIONS` lists each graph's decision with the times behind it (explain shows them); `TIMER` replaces the
+GPU timer in tests; BRRR_LAYOUTS=0 turns the pass off. A graph the pass cannot rewrite (a non-contiguous output it
+cannot restore, an op fake tensors cannot follow) stays as it is, and the decision says why.
+"""
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+from torch.fx.node import map_arg
+
+from brrr.compile.fallbacks import debugging, recover
+from brrr.compile.passes.conv_timing import DeviceConvTimer, conv_call
+
+aten = torch.ops.aten
+
+MARGIN = 0.97            # channels_last must save 3%: less is within the timer's noise
+LAUNCH_S = 4e-6          # a conversion's kernel launch, on top of its bytes
+CONVERTED_ARGS = {aten.convolution.default: (0, 1), aten.convolution_backward.default: (0, 1, 2)}
+
+TIMER = None             # a stand-in for DeviceConvTimer (tests): .conv(ConvCall, layout) and .copy(nbytes) seconds
+DECISIONS = []           # Decision records, process-wide, in the order they were made
+
+
+@dataclass
+class Decision:
+    graph: str                   # "training" (AOTAutograd's joint graph) or "inference"
+    as_is_s: float               # the convolutions' time in the graph's own layouts
+    channels_last_s: float       # their time channels_last
+    copy_bytes: int = 0          # what the conversions read (each also writes as much)
+    copies: int = 0              # conversion kernels: sources converted and outputs restored
+    copy_s: float = 0.0
+    converted: bool = False
+    why: str = ""                # why the graph was left as it is, where it was not converted for its times
+    convs: list = field(default_factory=list)   # (description, as_is_s, channels_last_s) per convolution
+
+    def __str__(self):
+        head = f"{self.graph} graph: {len(self.convs)} convolution(s) {_ms(self.as_is_s)} as passed, " \
+               f"{_ms(self.channels_last_s)} channels_last + {self.copies} conversion(s) " \
+               f"{_ms(self.copy_s)} ({self.copy_bytes / 2**20:.1f} MiB)"
+        verdict = "converted to channels_last" if self.converted else f"kept as passed{': ' + self.why if self.why else ''}"
+        slowest = sorted(self.convs, key=lambda c: -max(c[1], c[2]))[:3]
+        detail = "; ".join(f"{d} {_ms(a)} -> {_ms(c)}" for d, a, c in slowest)
+        return f"{head}: {verdict}" + (f" (largest: {detail})" if detail else "")
+
+
+def _ms(seconds):
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def enabled():
+    return os.environ.get("BRRR_LAYOUTS", "1") != "0"
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _channels_last(val):
+    return isinstance(val, torch.Tensor) and val.dim() == 4 and val.is_contiguous(memory_format=torch.channels_last)
+
+
+def candidates(gm):
+    """The 2-D convolutions of gm whose 4-D tensors are not all channels_last already."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in CONVERTED_ARGS:
+            continue
+        vals = [_val(node.args[i]) for i in CONVERTED_ARGS[node.target]]
+        if not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in vals):
+            continue   # 1-D and 3-D convolutions: channels_last is a 4-D layout
+        if vals[0].device.type != "cuda" and TIMER is None:
+            continue   # the layout is cuDNN's choice; elsewhere nothing measures it
+        if not all(_channels_last(v) for v in vals):
+            out.append(node)
+    return out
+
+
+def choose(gm, graph):
+    """gm, or a channels_last copy of it where its measured convolutions say so (see the module docstring);
+    `graph` names it in the decision. Never raises: a failure leaves gm as it is."""
+    if not enabled():
+        return gm
+    try:
+        convs = candidates(gm)
+        if not convs:
+            return gm
+        return _choose(gm, graph, convs)
+    except Exception as e:
+        if debugging():
+            raise
+        recover(e, "the layout pass failed", "the graph keeps its layouts")
+        return gm
+
+
+def _choose(gm, graph, convs):
+    from brrr.compile.ir.sizes import hint
+    from brrr.compile.passes.specialize import copy_graph_module
+
+    timer = TIMER or DeviceConvTimer(_val(convs[0].args[0]).device.index)
+    decision = Decision(graph, 0.0, 0.0)
+    for node in convs:
+        call = conv_call(node, hint)
+        as_is, cl = timer.conv(call, "as_is"), timer.conv(call, "channels_last")
+        decision.convs.append((call.describe(), as_is, cl))
+        decision.as_is_s += as_is
+        decision.channels_last_s += cl
+    DECISIONS.append(decision)
+    candidate = copy_graph_module(gm)
+    try:
+        copies = convert(candidate, {n.name for n in convs})
+    except CannotConvert as e:
+        decision.why = str(e)
+        return gm
+    decision.copies = len(copies)
+    decision.copy_bytes = sum(hint(_bytes(_val(c))) for c in copies)
+    decision.copy_s = timer.copy(decision.copy_bytes) + LAUNCH_S * len(copies)
+    decision.converted = decision.channels_last_s + decision.copy_s < MARGIN * decision.as_is_s
+    return candidate if decision.converted else gm
+
+
+def _bytes(val):
+    return val.numel() * val.element_size()
+
+
+class CannotConvert(Exception):
+    """The graph cannot be rewritten channels_last without changing what it returns."""
+
+
+def convert(gm, conv_names):
+    """Rewrite gm in place: the 4-D tensors of the convolutions named in `conv_names` converted channels_last,
+    values re-propagated, outputs restored to their strides. Returns the conversion nodes added."""
+    from torch._guards import detect_fake_mode
+
+    graph = gm.graph
+    mode = detect_fake_mode([_val(n) for n in graph.nodes if n.op == "placeholder"])
+    if mode is None:
+        raise CannotConvert("no fake tensors to follow the new strides with")
+    original = {n: _val(n) for n in graph.nodes}
+    clones, added = {}, []
+    for node in list(graph.nodes):
+        if node.op == "output":
+            added += _restore_outputs(graph, node, original, mode)
+            continue
+        if node.op != "call_function":
+            continue
+        if node.name in conv_names:
+            args = list(node.args)
+            for i in CONVERTED_ARGS[node.target]:
+                src = args[i]
+                if _channels_last(_val(src)):
+                    continue
+                if src not in clones:
+                    with graph.inserting_before(node):
+                        clones[src] = graph.call_function(aten.clone.default, (src,),
+                                                          {"memory_format": torch.channels_last})
+                    _propagate(clones[src], mode)
+                    added.append(clones[src])
+                args[i] = clones[src]
+            node.args = tuple(args)
+        _propagate(node, mode)
+    graph.lint()
+    gm.recompile()
+    return added
+
+
+def _propagate(node, mode):
+    args, kwargs = map_arg((node.args, node.kwargs), _val)
+    try:
+        with mode:
+            val = node.target(*args, **kwargs)
+    except Exception as e:
+        raise CannotConvert(f"{node.target} does not follow channels_last inputs "
+                            f"({type(e).__name__}: {str(e)[:120]})") from e
+    node.meta["val"] = val
+    node.meta.pop("tensor_meta", None)   # stale strides; the partitioner reads "val"
+
+
+def _restore_outputs(graph, output, original, mode):
+    """Clone each output whose strides changed back to its contiguous layout."""
+    restored, added = {}, []
+
+    def restore(node):
+        before, now = original.get(node), _val(node)
+        if not isinstance(now, torch.Tensor) or not isinstance(before, torch.Tensor):
+            return node
+        if before.stride() == now.stride() or before.dim() < 2:
+            return node
+        if not before.is_contiguous():
+            raise CannotConvert(f"output {node.name} had strides {tuple(before.stride())}, "
+                                "which a conversion back cannot promise")
+        if node not in restored:   # even where only a size-1 dim's stride moved: outputs keep eager's strides
+            with graph.inserting_before(output):
+                restored[node] = graph.call_function(aten.clone.default, (node,),
+                                                     {"memory_format": torch.contiguous_format})
+            _propagate(restored[node], mode)
+            added.append(restored[node])
+        return restored[node]
+
+    output.args = map_arg(output.args, restore)
+    return added
