@@ -25,6 +25,7 @@ from torch import nn
 
 import catalog
 from models import Workload
+from pattern_bench import sweep_config
 
 FAMILY = "floor"
 
@@ -159,12 +160,6 @@ def _gat_build(device, quick):
     return catalog.graph_workload(model, nodes, edges, features, classes, True, device, torch.bfloat16)
 
 
-def sweep_config(name):
-    """The sweep's configuration of that name, as the catalog builds it."""
-    [config] = catalog.select(catalog.all_configs(), only=name)
-    return config
-
-
 WAV2VEC2 = "hf-wav2vec2-train-amp"
 
 
@@ -196,14 +191,3 @@ def patterns():
                                   "amp", cost=85)))
     return out
 
-
-def select(only=None):
-    """The patterns named in the comma-separated `only` (configuration names or pattern numbers); all by default."""
-    every = patterns()
-    if not only:
-        return every
-    wanted = {w.strip() for w in only.split(",") if w.strip()}
-    known = {c.name for _, c in every} | {str(n) for n, _ in every}
-    if wanted - known:
-        raise ValueError(f"unknown pattern(s) {sorted(wanted - known)}; known: {sorted(known)}")
-    return [(n, c) for n, c in every if c.name in wanted or str(n) in wanted]

@@ -1,132 +1,16 @@
-"""The floor patterns' verdicts and their Markdown: is brrr at or below eager and Inductor's better mode?
+"""The floor patterns' Markdown: is brrr at or below eager and Inductor's better mode on each?
 
-The issue's two criteria, per configuration, on `do_bench` medians (the sweep's `median_s`): brrr's time at most
-`SLACK` (3%) over eager's, and at most 3% over the better of Inductor's default and `reduce-overhead` modes. A
-criterion whose peer did not run (the CPU smoke run has no Inductor) is None and not counted; a brrr that failed
-or was wrong fails both. A pattern passes when every configuration of it passes. The results keep the sweep's
-shape (`environment`, `configs` of rows by backend), so the sweep's report reads them (and INDEX.md's headline).
+The issue's two criteria are the verdict every pattern script gives each configuration (pattern_report.py:
+brrr's `do_bench` median at most 3% over eager's and over the better of Inductor's two modes); a pattern passes
+when every configuration of it does.
 """
 
-import json
-from pathlib import Path
-
-import sweep_report as sweep
-
-SLACK = sweep.SLOWER_THAN_EAGER   # brrr may be this much slower and still be "at or below"
-PEERS = ("eager", "inductor", "inductor-reduce-overhead")
-
-
-def verdict(entry):
-    """{brrr_over_eager, brrr_over_best_inductor (time ratios), best_inductor_mode, at_or_below_eager,
-    at_or_below_best_inductor, pass} of one configuration's entry."""
-    rows = entry.get("rows", {})
-    brrr = sweep._time(rows.get("brrr"))
-    mode, best = sweep.better_inductor(rows)
-    out = {"brrr_status": rows.get("brrr", {}).get("status", entry.get("status")), "best_inductor_mode": mode}
-    for key, base in (("eager", sweep._time(rows.get("eager"))), ("best_inductor", sweep._time(best))):
-        ratio = brrr / base if brrr and base else None
-        out[f"brrr_over_{key}"] = ratio
-        out[f"at_or_below_{key}"] = None if base is None else bool(ratio is not None and ratio <= SLACK
-                                                                     and out["brrr_status"] == "ok")
-    judged = [out[k] for k in ("at_or_below_eager", "at_or_below_best_inductor") if out[k] is not None]
-    out["pass"] = bool(judged) and all(judged)
-    return out
-
-
-def pattern_verdicts(results):
-    """{pattern number: True, False, or None where a configuration of it did not run (skipped, unavailable)
-    and none failed}."""
-    seen = {}
-    for entry in results["configs"].values():
-        status = entry.get("status")
-        ok = entry.get("verdict", {}).get("pass") if status == "ok" else \
-            None if status in ("skipped", "unavailable") else False
-        seen.setdefault(str(entry["pattern"]), []).append(ok)
-    return {n: False if False in oks else None if None in oks else True for n, oks in sorted(seen.items())}
-
-
-def line(entry):
-    """One configuration in a line: each backend's median, brrr's ratios and the verdict."""
-    if entry.get("status") != "ok":
-        return f"{entry.get('status')}: {entry.get('error', '')[:200]}"
-    v = entry["verdict"]
-    times = "; ".join(f"{b} {sweep._ms(r)} ms" for b, r in entry["rows"].items())
-    return (f"{times}; brrr/eager {_x(v['brrr_over_eager'])}, brrr/better Inductor "
-            f"{_x(v['brrr_over_best_inductor'])}; {'pass' if v['pass'] else 'FAIL'}")
-
-
-def _x(value):
-    return "—" if value is None else f"{value:.2f}x"
-
-
-def _yes(value):
-    return "—" if value is None else ("yes" if value else "**no**")
-
-
-def _mib(row):
-    b = (row or {}).get("peak_memory_bytes")
-    return "—" if not b else f"{b / 2**20:.0f}"
-
-
-def _steady(row):
-    t = (row or {}).get("steady_s")
-    return "—" if t is None else f"{t * 1e3:.2f}"
-
-
-def _kernels(kernels, count):
-    return ", ".join(f"`{k['name'][:60]}` {k['device_ms']:.2f} ms ({100 * k['share']:.0f}%)" for k in kernels[:count])
+import pattern_report as report
 
 
 def markdown(results):
-    env = results["environment"]
-    patterns = pattern_verdicts(results)
-    lines = ["# Floor patterns: brrr at or below eager and Inductor's better mode", "",
-             f"At {env['commit']} on {env['device']} ({env['date']}; torch {env['torch']}, triton {env['triton']}, "
-             f"transformers {env.get('transformers')}; {env['mode']} run, backends {', '.join(env['backends'])}). "
-             f"Criteria: brrr's `do_bench` median at most {SLACK:.2f}x eager's and at most {SLACK:.2f}x the better "
-             "of Inductor's default and reduce-overhead modes.", "",
-             "Patterns passing: " + ", ".join(f"{n} {_yes(p) if p is not None else 'not all run'}"
-                                              for n, p in patterns.items()), "",
-             "| # | configuration | prec | eager ms | brrr ms | Inductor ms | Ind. reduce-overhead ms | brrr / eager "
-             "| brrr / better Ind. | <= eager | <= better Ind. | peak MiB eager / brrr / Ind. / r-o | brrr err vs "
-             "eager / vs precise | status |", "|" + "---|" * 14]
-    for name, e in results["configs"].items():
-        rows, v = e.get("rows", {}), e.get("verdict", {})
-        brrr = rows.get("brrr", {})
-        status = e.get("status") if e.get("status") != "ok" else brrr.get("status", "—")
-        reason = (e.get("error") or brrr.get("reason") or "")[:100].replace("|", "/")
-        err = brrr.get("error_vs_eager"), brrr.get("error_vs_reference")
-        lines.append(f"| {e['pattern']} | {name} | {e.get('precision')}{' train' if e.get('train') else ''} | "
-                     + " | ".join(sweep._ms(rows.get(b)) for b in ("eager", "brrr") + PEERS[1:]) + " | "
-                     f"{_x(v.get('brrr_over_eager'))} | {_x(v.get('brrr_over_best_inductor'))} | "
-                     f"{_yes(v.get('at_or_below_eager'))} | {_yes(v.get('at_or_below_best_inductor'))} | "
-                     + " / ".join(_mib(rows.get(b)) for b in ("eager", "brrr") + PEERS[1:]) + " | "
-                     + " / ".join("—" if x is None else f"{x:.1e}" for x in err)
-                     + f" | {status}{': ' + reason if reason else ''} |")
-    lines += ["", "Back-to-back ms per call (host overhead included; eager / brrr / Inductor / reduce-overhead): "
-              + "; ".join(f"{n} " + " / ".join(_steady(e.get("rows", {}).get(b)) for b in ("eager", "brrr") + PEERS[1:])
-                          for n, e in results["configs"].items()), ""]
-    lines += ["## Top kernels", ""]
-    for name, e in results["configs"].items():
-        kernels = e.get("kernels") or {}
-        if not kernels:
-            continue
-        lines.append(f"- **{name}**: brrr: {_kernels(kernels.get('brrr', []), 5) or '—'}")
-        mode = e.get("verdict", {}).get("best_inductor_mode")
-        if mode in kernels:
-            lines.append(f"  - {mode}: {_kernels(kernels[mode], 3)}")
-    logged = [(n, k, e[k]) for n, e in results["configs"].items()
-              for k in ("brrr_fallbacks", "graph_breaks", "replay_decisions", "floor_decisions", "captured_decisions")
-              if e.get(k)]
-    if logged:
-        lines += ["", "## What brrr logged", ""]
-        lines += [f"- {n}, {k}: " + "; ".join(str(x)[:160] for x in items[:6]) + (" ..." if len(items) > 6 else "")
-                  for n, k, items in logged]
+    lines = report.header(results, "Floor patterns: brrr at or below eager and Inductor's better mode",
+                          report.criteria())
+    lines += report.table(results) + report.top_kernels(results)
+    lines += report.logged(results, "What brrr logged", report.LOGS)
     return "\n".join(lines) + "\n"
-
-
-def write(results, path):
-    """`path` (.json) and the Markdown beside it (.md)."""
-    path = Path(path)
-    path.write_text(json.dumps(results, indent=1, default=str))
-    path.with_suffix(".md").write_text(markdown(results))

@@ -1,6 +1,7 @@
 """The floor issue's acceptance script (benchmarks/acceptance/floor_patterns.py): its CPU smoke run measures one
 configuration of each of the five patterns, brrr's results within tolerance of eager's, and writes the JSON and
-the Markdown table; the verdicts apply the issue's two criteria with their 3% slack."""
+the Markdown table; the verdicts (pattern_report.py, which the layout patterns share) apply the issue's two
+criteria with their 3% slack."""
 
 import json
 
@@ -52,7 +53,7 @@ def _entry(brrr_s, eager_s=1.0, inductor_s=1.5, reduce_overhead_s=0.9, brrr_stat
 
 
 def test_verdicts_take_inductors_better_mode_and_three_percent_slack(floor):
-    import floor_report as report
+    import pattern_report as report
 
     v = report.verdict(_entry(0.92))
     assert v["best_inductor_mode"] == "inductor-reduce-overhead" and v["pass"] is True
@@ -63,6 +64,7 @@ def test_verdicts_take_inductors_better_mode_and_three_percent_slack(floor):
     assert report.verdict({"status": "error", "rows": {}})["pass"] is False
     results = {"configs": {"a": dict(_entry(0.5), pattern=1), "b": dict(_entry(2.0), pattern=1),
                            "c": dict(_entry(0.5), pattern=2), "d": {"status": "skipped", "pattern": 3}}}
+    results["configs"]["e"] = dict(_entry(2.0), pattern="sweep")   # a sweep's configurations are judged together
     for entry in results["configs"].values():
         entry["verdict"] = report.verdict(entry)
     assert report.pattern_verdicts(results) == {"1": False, "2": True, "3": None}
@@ -70,10 +72,13 @@ def test_verdicts_take_inductors_better_mode_and_three_percent_slack(floor):
 
 def test_patterns_are_chosen_by_name_or_number(floor):
     import floor_models
+    import pattern_bench
 
     every = floor_models.patterns()
     assert sorted({n for n, _ in every}) == [1, 2, 3, 4, 5] and len({c.name for _, c in every}) == len(every)
-    assert [c.name for _, c in floor_models.select("5")] == ["hf-whisper-train-fp32",
-                                                             "wav2vec2-ctc-host-lengths-train-amp"]
+    assert [c.name for _, c in pattern_bench.named(every, "5")] == ["hf-whisper-train-fp32",
+                                                                    "wav2vec2-ctc-host-lengths-train-amp"]
+    assert [c.name for _, c in pattern_bench.named(every, "4,bn-relu-block-train-fp32")] == [
+        "bn-relu-block-train-fp32", "gat-train-bf16"]
     with pytest.raises(ValueError):
-        floor_models.select("6")
+        pattern_bench.named(every, "6")

@@ -17,4 +17,26 @@ def test_layout_acceptance_runs_every_case_and_reports_roof_fractions(tmp_path, 
         for row in case["rows"]:
             assert row["status"] == "ok", row
             assert row["fraction_of_copy_bandwidth"] == case["ideal_bytes"] / row["seconds"] / 1e10
-    assert "of copy" in capsys.readouterr().out
+    nchw = {c["case"]: c for c in data["cases"] if c["issue"] == 42}
+    assert any("_forward_" in name for name in nchw) and any("_backward_" in name for name in nchw)
+    for name, case in nchw.items():   # brrr's values against eager's, forward outputs and backward gradients
+        brrr = case["rows"][1]
+        assert brrr["error_vs_eager"]["norm_rel"] <= 1e-2, (name, brrr["error_vs_eager"])
+    # a pool backward reads grad_out and the indices, writes grad_input: its input's values are never read
+    n, c, h, w = 2, 4, 8, 8
+    assert nchw["nchw_max_pool3x3s2_backward_2x4x8x8_bf16"]["ideal_bytes"] == (
+        n * c * (h // 2) * (w // 2) * (2 + 8) + n * c * h * w * 2)
+    printed = capsys.readouterr().out
+    assert "of copy" in printed and "issue 42: brrr below 80% of copy" in printed
+
+
+def test_layout_acceptance_cases_are_chosen_by_name_prefix_or_tag():
+    probe = load_acceptance("layout_kernels")
+    every = probe.cases(False)
+    pick = lambda *tokens: [k for k, v in every.items() if probe.selected(k, v, tokens)]  # noqa: E731
+    assert len(pick("nchw")) == 32 and all(k.startswith("nchw_") for k in pick("nchw"))
+    assert pick("issue14") == ["bn_relu_inference", "bn_statistics_training", "add_relu", "transpose",
+                               "layer_norm_channels_last"]
+    assert len(pick("nchw_bn")) == 12 and len(pick("nchw_group_norm")) == 12 and len(pick("pool")) == 8
+    assert len(pick("forward")) == len(pick("backward")) == 16
+    assert pick("transpose") == ["transpose"]

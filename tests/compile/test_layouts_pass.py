@@ -189,6 +189,33 @@ def test_each_graph_input_is_converted_once(timer, monkeypatch):
     assert len(restored) == 4 and len({n.args[0] for n in restored}) == 4
 
 
+class Residual(nn.Module):
+    """Separable blocks with skip connections from the graph's input on: x + block(x), three times."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Conv2d(c, c, 3, padding=1, groups=c), nn.Conv2d(c, c, 1),
+                                                  nn.ReLU()) for _ in range(3))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def test_a_residual_stays_channels_last_between_blocks(timer, monkeypatch):
+    """Only graph inputs are converted: the skip reads the input's converted copy, so no block converts again."""
+    timer(Timer())
+    model = Residual()
+    x = torch.randn(2, 8, 6, 6)
+    joint = _converted_joint(monkeypatch, copy.deepcopy(model), x)
+    sources = [n.args[0] for n in joint.graph.nodes if n.target == aten.clone.default
+               and n.kwargs.get("memory_format") == torch.channels_last]
+    assert sources and all(s.op == "placeholder" for s in sources)
+    ref, got = _train(model, x)
+    _assert_same(ref, got)
+
+
 def test_inference_graph_converts_and_keeps_its_output_layout(timer, seen):
     timer(Timer())
     model = ConvBlock().eval()

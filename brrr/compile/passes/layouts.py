@@ -176,12 +176,28 @@ def convert(gm, conv_names):
                                                           {"memory_format": torch.channels_last})
                     _propagate(clones[src], mode)
                     added.append(clones[src])
+                    _redirect_later_uses(src, clones[src], node)
                 args[i] = clones[src]
             node.args = tuple(args)
         _propagate(node, mode)
     graph.lint()
     gm.recompile()
     return added
+
+
+# ops whose result depends on their input's strides: they keep reading the tensor as the graph passed it
+STRIDE_BOUND = {aten.view.default, aten._unsafe_view.default, aten.as_strided.default, aten.reshape.default}
+
+
+def _redirect_later_uses(src, clone, conv):
+    """Let the ops after `conv` that read `src` read its channels_last clone instead: a residual add of a
+    converted input (x + block(x)) then stays channels_last, where reading `src` would make it NCHW again (eager's
+    rule follows the first input) and the next convolution convert once more."""
+    order = {n: i for i, n in enumerate(conv.graph.nodes)}
+    for user in list(src.users):
+        if user is not clone and user.op == "call_function" and user.target not in STRIDE_BOUND \
+                and order[user] > order[conv]:
+            user.replace_input_with(src, clone)
 
 
 def _propagate(node, mode):
