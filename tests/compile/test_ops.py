@@ -122,6 +122,28 @@ def test_index_tensors_broadcast_against_each_other():
         assert not [f for f in ex.fallbacks if "index" in str(f)], ex.fallbacks
 
 
+@pytest.mark.parametrize("name", ["adjacent", "middle", "separated", "bilinear", "nearest"])
+def test_index_tensors_after_whole_dims_are_one_gather(name):
+    """Index tensors behind whole dims (None): adjacent ones put their broadcast dims where they stand (bilinear
+    upsampling's x[:, :, rows, cols]), separated ones put them first, as NumPy does; no ATen fallback."""
+    import torch.nn.functional as F
+
+    from brrr.compile.explain import explain
+    rows, cols = torch.tensor([0, 2, 4, 1, -1]), torch.tensor([5, 0, 3])
+    fn = {"adjacent": lambda x: x[:, :, rows[:, None], cols[None, :]] * 2,
+          "middle": lambda x: x[:, cols % 3] + 1,
+          "separated": lambda x: x[rows[:2] % 2, :, rows[:2]] - 1,
+          "bilinear": lambda x: F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False),
+          "nearest": lambda x: F.interpolate(x, size=(9, 11), mode="nearest")}[name]
+    x = torch.randn(2, 3, 5, 6)
+    torch._dynamo.reset()
+    out, ref = compiled(fn)(x), fn(x)
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out, ref)
+    ex = explain(fn, x)
+    assert not [f for f in ex.fallbacks if "index" in str(f)], ex.fallbacks
+
+
 def test_index_put_of_a_few_positions_runs_in_brrrs_kernels():
     """A static KV cache's write (`index_copy_` along the sequence dim, index_put without accumulate in the
     graph): one pointwise kernel, negative and repeated positions as eager's sequential write, broadcast

@@ -269,20 +269,24 @@ def lower_gather(L, fx, x, dim, index, sparse_grad=False):
 
 @register("index")
 def lower_index(L, fx, x, indices):
-    """x[i0, i1, ...] with integer index tensors on leading dims only (the common case); else fallback. The index
-    tensors broadcast against each other, as in NumPy's advanced indexing: the result's leading dims are their
-    broadcast shape (a [B, 1, 1, 1] batch index beside a [1, 1, S, 1] position index builds a [B, 1, S, 1] mask
-    gather, as Hugging Face's mask functions do)."""
-    indices = list(indices)
-    if not indices or any(i is None for i in indices) or any(i.dtype == torch.bool for i in indices):
-        raise NotLowered("advanced indexing beyond leading integer index tensors")
+    """x[..., i0, i1, ...] with integer index tensors, as NumPy's advanced indexing: the index tensors broadcast
+    against each other (a [B, 1, 1, 1] batch index beside a [1, 1, S, 1] position index builds a [B, 1, S, 1] mask
+    gather, as Hugging Face's mask functions do), and their broadcast shape takes the place of the indexed dims
+    where those are adjacent (`x[:, :, rows, cols]`: bilinear upsampling's gathers), else leads the result. Dims
+    without an index (None, or past the last index) are read whole. Boolean masks fall back."""
+    indices = list(indices) + [None] * (len(x.shape) - len(indices))
+    indexed = [d for d, i in enumerate(indices) if i is not None]
+    if not indexed or any(indices[d].dtype == torch.bool for d in indexed):
+        raise NotLowered("advanced indexing by a boolean mask")
     try:
-        shape = tuple(torch.broadcast_shapes(*[tuple(i.shape) for i in indices]))
+        shape = tuple(torch.broadcast_shapes(*[tuple(indices[d].shape) for d in indexed]))
     except RuntimeError:
         raise NotLowered("index tensors that do not broadcast") from None
     k = len(shape)
-    for d, i in enumerate(indices):
-        check_index_input(L, i, x.shape[d], "index", negative_ok=True)
+    for d in indexed:
+        check_index_input(L, indices[d], x.shape[d], "index", negative_ok=True)
+    # NumPy's rule: adjacent index tensors put their dims where they stand, separated ones put them first
+    first = indexed[0] if indexed == list(range(indexed[0], indexed[-1] + 1)) else 0
 
     def at(i, idx):
         """Index tensor `i` at the broadcast index `idx` (its dims right-aligned; a size-1 dim reads 0)."""
@@ -290,8 +294,10 @@ def lower_index(L, fx, x, indices):
         return i([Ix() if i.shape[d] == 1 else idx[off + d] for d in range(len(i.shape))])
 
     def fn(idx):
-        src = [indirect(wrap_negative(cast(at(i, idx[:k]), torch.int64), x.shape[d])) for d, i in enumerate(indices)]
-        return x(src + list(idx[k:]))
+        gathered, whole = idx[first:first + k], iter(list(idx[:first]) + list(idx[first + k:]))
+        src = [indirect(wrap_negative(cast(at(i, gathered), torch.int64), x.shape[d])) if i is not None
+               else next(whole) for d, i in enumerate(indices)]
+        return x(src)
     return pw(L, fx, fn)
 
 
