@@ -290,6 +290,38 @@ def test_the_device_timer_caches_its_times_on_disk(monkeypatch, tmp_path):
     assert out.shape == (2, 8, 8, 8) and out.is_contiguous(memory_format=torch.channels_last)
 
 
+def test_the_copy_bandwidth_is_measured_outside_fake_mode(monkeypatch):
+    """Compiling runs under AOTAutograd's fake mode; the device's ceilings, where none are on disk yet, are
+    measured on real tensors."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    import brrr.cost.device as device
+
+    class Ceilings:
+        bandwidth = 1e12
+
+    def measure(dev):
+        assert not isinstance(torch.ones(1), FakeTensor)
+        return Ceilings()
+    monkeypatch.setattr(device, "get_ceilings", measure)
+    with FakeTensorMode():
+        assert conv_timing.DeviceConvTimer(torch.device("cpu")).copy(1e6) == pytest.approx(2e-6)
+
+
+def test_a_failing_timer_leaves_the_graph_as_passed_and_says_why(timer, seen, monkeypatch):
+    monkeypatch.setenv("BRRR_DEBUG", "0")
+
+    class Broken(Timer):
+        def copy(self, nbytes):
+            raise RuntimeError("no bandwidth")
+    timer(Broken())
+    ref, got = _train(ConvBlock(), torch.randn(2, 3, 8, 8))
+    _assert_same(ref, got)
+    assert not any(seen.channels_last)
+    [decision] = layouts.DECISIONS
+    assert not decision.converted and "no bandwidth" in decision.why
+
+
 def test_the_pass_is_off_with_brrr_layouts_0(timer, seen, monkeypatch):
     monkeypatch.setenv("BRRR_LAYOUTS", "0")
     timer(Timer())

@@ -142,7 +142,11 @@ class DeviceConvTimer:
         return statistics.median(times)
 
     def copy(self, nbytes):
-        """Seconds to read and write `nbytes` once each at the device's measured copy bandwidth."""
+        """Seconds to read and write `nbytes` once each at the device's measured copy bandwidth (measured here,
+        outside AOTAutograd's fake mode, where no earlier run left it on disk)."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
         from brrr.cost.device import get_ceilings
 
-        return 2 * nbytes / get_ceilings(self.device).bandwidth
+        with unset_fake_temporarily():
+            return 2 * nbytes / get_ceilings(self.device).bandwidth

@@ -101,31 +101,32 @@ def choose(gm, graph):
     `graph` names it in the decision. Never raises: a failure leaves gm as it is."""
     if not enabled():
         return gm
+    decision = Decision(graph, 0.0, 0.0)
     try:
         convs = candidates(gm)
         if not convs:
             return gm
-        return _choose(gm, graph, convs)
+        DECISIONS.append(decision)
+        return _choose(gm, convs, decision)
     except Exception as e:
         if debugging():
             raise
         recover(e, "the layout pass failed", "the graph keeps its layouts")
+        decision.converted, decision.why = False, f"the pass failed ({type(e).__name__}: {str(e)[:120]})"
         return gm
 
 
-def _choose(gm, graph, convs):
+def _choose(gm, convs, decision):
     from brrr.compile.ir.sizes import hint
     from brrr.compile.passes.specialize import copy_graph_module
 
     timer = TIMER or DeviceConvTimer(_val(convs[0].args[0]).device.index)
-    decision = Decision(graph, 0.0, 0.0)
     for node in convs:
         call = conv_call(node, hint)
         as_is, cl = timer.conv(call, "as_is"), timer.conv(call, "channels_last")
         decision.convs.append((call.describe(), as_is, cl))
         decision.as_is_s += as_is
         decision.channels_last_s += cl
-    DECISIONS.append(decision)
     candidate = copy_graph_module(gm)
     try:
         copies = convert(candidate, {n.name for n in convs})
