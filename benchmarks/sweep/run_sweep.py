@@ -120,12 +120,12 @@ def carried_over(paths, device):
 def brrr_logs():
     """brrr's logs of what it decided, as (module, list name) pairs: each configuration records what grew."""
     from brrr.compile import fallbacks
-    from brrr.compile.passes import graph_breaks
+    from brrr.compile.passes import graph_breaks, layouts
     from brrr.compile.runtime import captured_choice, floor, replay_choice
 
     return {"replay_decisions": replay_choice.DECISIONS, "brrr_fallbacks": fallbacks.LOG,
             "graph_breaks": graph_breaks.LOG, "floor_decisions": floor.DECISIONS,
-            "captured_decisions": captured_choice.DECISIONS}
+            "captured_decisions": captured_choice.DECISIONS, "layout_decisions": layouts.DECISIONS}
 
 
 def _log_line(key, item):
