@@ -95,6 +95,7 @@ def test_a_trial_that_cannot_capture_tells_the_other_ranks(monkeypatch):
     seen = []
     monkeypatch.setattr(among_ranks, "agree", lambda label, launch_s, replay_s, host_s=None: seen.append(replay_s))
     trial = ReplayTrial("forward", label="forward:g")
+    trial.launched = [1.0] * replay_choice.SAMPLES   # the launched calls done: the capture comes next, and fails
     out, replayed = trial.run(lambda args: "launched", lambda args: None, [])
     assert (out, replayed, trial.replay) == ("launched", False, False)
     assert seen == [None]

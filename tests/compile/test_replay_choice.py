@@ -124,7 +124,7 @@ def test_a_replay_slower_than_launching_is_never_taken_for_the_host(clock, fake_
     assert not replay_choice.DECISIONS[0].replay
 
 
-def test_only_replays_lend_their_outputs_and_the_two_ways_take_turns(clock, fake_cuda_graphs):
+def test_only_replays_lend_their_outputs_and_every_launch_comes_before_the_capture(clock, fake_cuda_graphs):
     w = torch.randn(4)
     call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
     graph = CompiledGraph(call, None, "", cuda_graphs="auto")
@@ -133,9 +133,10 @@ def test_only_replays_lend_their_outputs_and_the_two_ways_take_turns(clock, fake
     for i in range(replay_choice.TRIAL_CALLS):
         graph([torch.full((4,), float(i)), w])
         lent.append(graph.lent)
-    # the checking call launches, the capture replays, then launches and replays take turns; the last call
-    # ends the last period and, replaying being faster, replays
-    assert lent == [False, True] + [False, True] * replay_choice.SAMPLES + [True]
+    # the checking call and the timed launches, then the capture and the timed replays: no launched call runs while
+    # the graph holds its memory; the last call ends the last period and, replaying being faster, replays
+    n = replay_choice.SAMPLES
+    assert lent == [False] + [False] * n + [True] + [True] * n + [True]
 
 
 def test_a_graph_that_cannot_capture_launches(clock, fake_cuda_graphs, monkeypatch):
@@ -145,7 +146,7 @@ def test_a_graph_that_cannot_capture_launches(clock, fake_cuda_graphs, monkeypat
     w = torch.randn(4)
     call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
     graph = CompiledGraph(call, None, "", cuda_graphs="auto")
-    run_calls(graph, 2, w)
+    run_calls(graph, 2 + replay_choice.SAMPLES, w)   # the checking call, the launches, the failed capture
     (decision,) = replay_choice.DECISIONS
     assert not decision.replay and decision.replay_s is None and graph.graphed is None
     assert "could not capture" in str(decision)
@@ -203,13 +204,13 @@ def test_the_last_replay_of_a_rejected_graph_can_still_be_tracked(clock, fake_cu
 
 
 def test_early_slow_calls_do_not_decide_for_replaying(clock, fake_cuda_graphs):
-    """The first calls of a training loop are slow (the caching allocator still grows): launches and replays
-    take turns, so a graph whose launches are fast once warm keeps launching."""
+    """The first calls of a training loop are slow (the caching allocator still grows), and they are launched
+    ones: the least launched period is a warm one, so a graph whose launches are fast once warm keeps launching."""
     w, calls = torch.randn(4), [0]
 
     def call(args):
         calls[0] += 1
-        warm = calls[0] > 6
+        warm = calls[0] > 3
         clock.spend(*((20e-6, 14.7e-3) if fake_cuda_graphs.replaying else (20e-6, 12e-3 if warm else 21e-3)))
         return (args[0] * args[1] + 1,)
     graph = CompiledGraph(call, None, "", cuda_graphs="auto")

@@ -58,7 +58,8 @@ class Decision:
         head = f"{self.graph} graph: {len(self.convs)} convolution(s) {_ms(self.as_is_s)} as passed, " \
                f"{_ms(self.channels_last_s)} channels_last + {self.copies} conversion(s) " \
                f"{_ms(self.copy_s)} ({self.copy_bytes / 2**20:.1f} MiB)"
-        verdict = "converted to channels_last" if self.converted else f"kept as passed{': ' + self.why if self.why else ''}"
+        kept = f"kept as passed: {self.why}" if self.why else "kept as passed"
+        verdict = "converted to channels_last" if self.converted else kept
         slowest = sorted(self.convs, key=lambda c: -max(c[1], c[2]))[:3]
         detail = "; ".join(f"{d} {_ms(a)} -> {_ms(c)}" for d, a, c in slowest)
         return f"{head}: {verdict}" + (f" (largest: {detail})" if detail else "")

@@ -6,13 +6,14 @@ and both can still lose to eager: a host-bound speech model's training step whos
 captured ran 1.2-1.3x slower than eager (the GPU busy for less time than under eager, the host for longer).
 Timing the captured graph beside the compiled one makes "never slower than eager" a measurement, not a hope.
 
-How. The compiled callable runs alone for its first WARMUP_CALLS calls (its first call checks and measures its
-kernels, floor.py, and its replay trial decides). Then calls alternate between the two ways, SAMPLES each; a
-call's period runs from its start, the GPU idle, to the start of the next call of this graph, as
-replay_choice.py times them (what runs between calls, a training step's backward included, counts). The
-captured graph is kept when its least period is under MARGIN of the compiled one's. A graph called at several
-input shapes decides per shape (MAX_SHAPES; past them a new shape runs compiled). Every verdict is logged
-(`DECISIONS`); `brrr explain` lists them.
+How. The compiled callable's first call checks and measures its kernels (floor.py). The next SAMPLES calls run
+as captured, each a timed period; then the compiled callable runs alone for SETTLE_CALLS calls (its replay trial
+decides), and SAMPLES more timed periods. A call's period runs from its start, the GPU idle, to the start of the
+next call of this graph, as replay_choice.py times them (what runs between calls, a training step's backward
+included, counts). The captured calls come before the compiled graph's CUDA graph exists, so the trial never holds
+that graph's memory beside eager's activations. The captured graph is kept when its least period is under MARGIN
+of the compiled one's. A graph called at several input shapes decides per shape (MAX_SHAPES; past them a new
+shape runs compiled). Every verdict is logged (`DECISIONS`); `brrr explain` lists them.
 
 `CLOCK`, where set (tests), replaces the GPU's synchronization and the host's clock.
 """
@@ -25,8 +26,9 @@ import torch
 
 from brrr.compile.runtime.replay_choice import TRIAL_CALLS
 
-WARMUP_CALLS = TRIAL_CALLS + 1   # the compiled graph's own first call, floor and replay trial, then one more
 SAMPLES = 5
+SETTLE_CALLS = TRIAL_CALLS   # compiled calls before its periods: its replay trial past its first call, one more
+TRIAL_LENGTH = 1 + SAMPLES + SETTLE_CALLS + SAMPLES   # calls before the one that decides
 MARGIN = 0.97        # the captured graph must save 3%: brrr's kernels are not given up on the host's noise
 MAX_SHAPES = 8
 
@@ -85,7 +87,11 @@ class CompiledOrCaptured:
         if trial.verdict is not None:
             return self.captured(*args) if trial.verdict else self.compiled(*args)
         trial.calls += 1
-        if trial.calls <= WARMUP_CALLS or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+        n = trial.calls
+        if n == 1 or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            return self.compiled(*args)   # the first call checks the kernels; nothing is timed inside a capture
+        settling = 1 + SAMPLES < n <= 1 + SAMPLES + SETTLE_CALLS
+        if settling and trial.open is None:
             return self.compiled(*args)
         clock = CLOCK or _Clock()
         clock.sync()
@@ -93,9 +99,12 @@ class CompiledOrCaptured:
         if trial.open is not None:
             start, was_captured = trial.open
             trial.periods[was_captured].append(now - start)
-        if all(len(p) >= SAMPLES for p in trial.periods.values()):
+            trial.open = None
+        if n > TRIAL_LENGTH:
             return self._decide(trial, args)
-        captured = trial.calls % 2 == 0
+        if settling:
+            return self.compiled(*args)
+        captured = n <= 1 + SAMPLES
         trial.open = (now, captured)
         return self.captured(*args) if captured else self.compiled(*args)
 

@@ -286,10 +286,18 @@ class GraphedCall:
                 return True
         return False
 
-    def _capture(self, args):
+    def refused(self):
+        """Why this graph can never be captured, known before trying (a call's host work), or None."""
         host = self.host
         if host is not None and host.blocker:   # a capture would fail, or replay host work done once
-            return self._fail(host.blocker)
+            self._fail(host.blocker)
+            return host.blocker
+        return None
+
+    def _capture(self, args):
+        if self.refused():
+            return False
+        host = self.host
         staged = frozenset(host.staged) if host is not None else ()
         try:
             self.slots = [("stage" if i in staged else "address" if i in self.pin else slot) for i, slot in

@@ -6,10 +6,13 @@ outputs out, and keeps the graph's memory. It pays when the host, launching kern
 GPU waiting; it costs when the GPU is the bottleneck. Which one holds depends on the host as much as on the
 graph: the seed MLP's train step is host-bound on one H100 host and nearly balanced on another, and a Python
 backward runs slower on autograd's device thread than the same code on the main thread. So brrr does not
-guess: after the first call (which checks the kernels) a graph is captured, then launches its kernels and
-replays in turn, SAMPLES calls each way, and keeps replaying when its cheapest replayed call costs less than
-MARGIN of its cheapest launched one (a busy host only ever adds time: on the lent H100 hosts one step of the
-same program varies by up to 2x from call to call).
+guess: after the first call (which checks the kernels) a graph launches its kernels for SAMPLES calls, is
+captured, replays for SAMPLES calls, and keeps replaying when its cheapest replayed call costs less than MARGIN
+of its cheapest launched one (a busy host only ever adds time: on the lent H100 hosts one step of the same
+program varies by up to 2x from call to call). The launched calls come first so that the trial never holds two
+copies of the graph's memory: taking turns, a ResNet-18 training step's launched activations were allocated
+beside the replayed graph's pool, and the run peaked at 1967 MiB against 1118 launched and 977 replayed
+(benchmarks/NOTES.md, 2026-11-28).
 
 It also keeps replaying a graph whose replays cost no more than its launches when launching keeps the host busy
 for at least HOST_BOUND of the launched period: the GPU then waits on the host as soon as the host slows (other
@@ -26,8 +29,8 @@ BERT MLM's training step read 10.5 ms launched against 10.2 replayed, and launch
 ms a step against 10.2-10.4 replayed (benchmarks/NOTES.md, 2026-11-26).
 
 A training forward leads its backward: the backward can replay only while its forward's replay lends it the
-saved tensors, so it takes its turns in step with the forward, times nothing, and takes the forward's verdict;
-the forward's periods span whole steps, its backward included, whichever way that ran. A graph with no leader
+saved tensors, so it launches and replays in step with the forward, times nothing, and takes the forward's
+verdict; the forward's periods span whole steps, its backward included, whichever way that ran. A graph with no leader
 (inference, a backward whose forward decided before it first ran) times its own periods.
 A graph planned at symbolic sizes has a CUDA graph per shape, and a trial per shape: a short sequence can be
 host-bound where a long one is not. Every verdict is logged (`DECISIONS`), and `brrr explain` lists them.
@@ -43,7 +46,7 @@ import torch
 from brrr.compile.runtime import among_ranks
 
 SAMPLES = 5          # timed calls each way
-TRIAL_CALLS = 1 + 1 + 2 * SAMPLES + 1   # the checking call, the capture, the timed calls in turn, and the
+TRIAL_CALLS = 1 + 1 + 2 * SAMPLES + 1   # the checking call, the capture, the timed calls each way, and the
                                         # call whose start ends the last period and takes the verdict
 MARGIN = 0.95        # a replay must save 5%: less is within a host's noise, and replays hold memory ...
 HOST_BOUND = 0.5     # ... unless launching holds the host this share of a launched period (a host at half the
@@ -79,9 +82,10 @@ def log(decision):
 
 
 class ReplayTrial:
-    """Runs a verified graph's next calls until a verdict (`replay` becomes True or False): the capture, then
-    launches and replays in turn, so both ways see the same host and allocator (the first calls of a training
-    loop still grow the caching allocator, which slows whichever way runs then). `leader`: on a backward's
+    """Runs a verified graph's next calls until a verdict (`replay` becomes True or False): SAMPLES launched
+    calls, then the capture and SAMPLES replays, so the graph's memory is never held beside a launched call's
+    (the least period each way discounts the first calls of a training loop, slower while the caching allocator
+    grows). A graph the verdict turns down is dropped at once (compiled.py). `leader`: on a backward's
     trial, its forward's, which times the steps and decides for both. `run(call, graphed, args)` returns
     (outputs, whether they came from a replay). `label` (among_ranks.signature), given in a process group of
     several ranks: the name under which the ranks agree on this graph's verdict."""
@@ -94,17 +98,34 @@ class ReplayTrial:
         self.hosts = []          # host seconds in the launched calls of each launched period
         self.host_open = 0.0     # ... of the period still running
         self.captured = False
-        self.turns = 0
+        self.replaying = False   # whether this call of the trial replays (a follower reads its leader's)
         self.replay = None
         self.open = None   # (start, replayed) of the call whose period is still running
 
     def run(self, call, graphed, args):
         if self.leader is None:
+            refused = graphed.refused() if not (self.launched or self.open or self.captured) else None
+            if refused:   # no launched call timed against a replay that can never be
+                self._cannot_replay(refused)
+                return call(args), False
             self._close_period()
             if len(self.launched) >= SAMPLES and len(self.replayed) >= SAMPLES:
                 self._decide_by_periods()
                 out = graphed(args) if self.replay else None
                 return (out, True) if out is not None else (call(args), False)
+            # every launched period first, before the capture: a graph's memory (a training step's activations
+            # in its pool) is never held while launched calls allocate their own
+            self.replaying = len(self.launched) >= SAMPLES
+        else:
+            self.replaying = self.leader.replaying   # in step with its forward
+        if not self.replaying:
+            if self.leader is None:
+                self.open = (time.perf_counter(), False)
+            started = time.perf_counter()
+            out = call(args)
+            timing = self if self.leader is None else self.leader
+            timing.host_open += time.perf_counter() - started
+            return out, False
         if not self.captured:
             out = graphed(args)
             if out is None:   # capture failed, or an input read in place has moved
@@ -112,16 +133,8 @@ class ReplayTrial:
                 return call(args), False
             self.captured = True
             return out, True
-        replaying = self.turns % 2 == 1
-        self.turns += 1
         if self.leader is None:
-            self.open = (time.perf_counter(), replaying)
-        if not replaying:
-            started = time.perf_counter()
-            out = call(args)
-            timing = self if self.leader is None else self.leader
-            timing.host_open += time.perf_counter() - started
-            return out, False
+            self.open = (time.perf_counter(), True)
         out = graphed(args)
         if out is not None:
             return out, True
