@@ -1,7 +1,7 @@
 """The torch.compile backend (**capture** -> lower -> schedule -> codegen -> runtime).
 
     torch.compile(model, backend="brrr")          # registered entry point
-    brrr.compile(model, cuda_graphs=True)         # same, with options (cuda_graphs: "auto" | True | False)
+    brrr.compile(model, cuda_graphs=True)         # same, with options (cuda_graphs: "auto", "fastest", True, False)
 
 Dynamo hands us an FX graph; `aot_autograd` with brrr's decomposition table turns it into core-ATen forward and
 backward graphs, split by the min-cut rematerialization partitioner; each graph then goes through
@@ -381,14 +381,15 @@ def make_backend(**options):
     return fn
 
 
-CUDA_GRAPHS = ("auto", True, False)
+CUDA_GRAPHS = ("auto", "fastest", True, False)
 
 
 def compile(model, **options):
     """torch.compile(model, backend=brrr with `options`). cuda_graphs: "auto" (default: each graph replays from
-    a CUDA graph when timing shows that is faster, replay_choice.py), True (always, once its inputs allow) or
-    False (never). matmul_templates: "off", "always" or "auto" (matmul/choice.py; default: BRRR_MATMUL_TEMPLATES,
-    off when unset): whether a matmul and its epilogue run as one brrr kernel. symbolic_sizes: True (default;
+    a CUDA graph when timing shows that is faster and its peak memory grows by 10% at most, replay_choice.py),
+    "fastest" (when faster, whatever the memory), True (always, once its inputs allow) or False (never).
+    matmul_templates: "off", "always" or "auto" (matmul/choice.py; default: BRRR_MATMUL_TEMPLATES, off when unset):
+    whether a matmul and its epilogue run as one brrr kernel. symbolic_sizes: True (default;
     BRRR_SYMBOLIC_SIZES=0 turns it off) plans a graph Dynamo captures with symbolic sizes once, at those sizes
     (sizes.py); False compiles it once per shape (specialize.py). recompute: "cheap" (default) or "pointwise"
     (partition.py): which values a training graph's backward recomputes instead of the forward saving them."""
@@ -398,7 +399,7 @@ def compile(model, **options):
     if unknown:
         raise TypeError(f"unknown brrr.compile options: {sorted(unknown)}")
     if options.get("cuda_graphs", "auto") not in CUDA_GRAPHS:
-        raise ValueError(f"cuda_graphs={options['cuda_graphs']!r}: choose \"auto\", True or False")
+        raise ValueError(f"cuda_graphs={options['cuda_graphs']!r}: choose \"auto\", \"fastest\", True or False")
     if options.get("matmul_templates") not in MODES + (None,):
         raise ValueError(f"matmul_templates={options['matmul_templates']!r}: choose one of {MODES}")
     partition_fn(options.get("recompute"))   # raises on an unknown choice now, not at the first call

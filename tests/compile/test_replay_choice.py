@@ -44,6 +44,7 @@ def clock(monkeypatch, fake_cuda_graphs):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(replay_choice.time, "perf_counter", lambda: c.host)
     monkeypatch.setattr(replay_choice, "DECISIONS", [])
+    monkeypatch.setattr(replay_choice, "MEMORY", lambda: 0)   # no GPU: the peak never moves unless a test says
     return c
 
 
@@ -302,3 +303,34 @@ def test_a_backward_that_cannot_capture_launches_and_its_forward_still_decides(c
     backward, forward = replay_choice.DECISIONS
     assert not backward.replay and "could not capture" in str(backward)
     assert forward.replay and bw.graphed is None and fw.graphed is not None   # 3 ms of launches saved per step
+
+
+@pytest.mark.parametrize("mode, growth, replays", [("auto", 200, False), ("auto", 50, True), ("fastest", 200, True)])
+def test_a_faster_replay_that_raises_the_peak_launches_unless_asked_for_speed(clock, fake_cuda_graphs, monkeypatch,
+                                                                              mode, growth, replays):
+    """Replaying saves time here, and raises the process's peak from 1000 bytes by `growth` once it ran: with
+    "auto" more than 10% keeps launching, with "fastest" time alone decides."""
+    start = fake_cuda_graphs.replays
+    monkeypatch.setattr(replay_choice, "MEMORY", lambda: 1000 + (growth if fake_cuda_graphs.replays > start else 0))
+    w = torch.randn(4)
+    call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
+    graph = CompiledGraph(call, None, "", cuda_graphs=mode)
+    run_calls(graph, replay_choice.TRIAL_CALLS, w)
+    (decision,) = replay_choice.DECISIONS
+    assert decision.replay is replays and decision.peaks == (1000, 1000 + growth)
+    assert "peak memory" in str(decision)
+    assert (graph.graphed is not None) is replays   # a graph turned down gives its memory back
+    if mode == "auto" and not replays:
+        assert "raised the peak memory" in decision.reason
+
+
+def test_the_memory_rule_binds_a_training_pair(clock, fake_cuda_graphs, monkeypatch):
+    """A forward and its backward decide together, memory included: both launch."""
+    start = fake_cuda_graphs.replays
+    monkeypatch.setattr(replay_choice, "MEMORY", lambda: 1000 + (500 if fake_cuda_graphs.replays > start else 0))
+    w = torch.randn(4)
+    fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (4e-3, 1e-3), True: (50e-6, 1e-3)},
+                            {False: (4e-3, 1e-3), True: (50e-6, 1e-3)})
+    train_steps(fw, bw, replay_choice.TRIAL_CALLS + 2, w)
+    assert [d.replay for d in replay_choice.DECISIONS] == [False, False]
+    assert fw.graphed is None and bw.graphed is None

@@ -125,7 +125,7 @@ class CompiledGraph:
         self.cuda_graphs = cuda_graphs
         self.device = device  # CUDA index: allocations and launches go to the current device, made this one
         self.graphed = None   # a GraphedCall once verified, with cuda_graphs
-        self.trial = None     # with cuda_graphs="auto": the ReplayTrial deciding whether to keep self.graphed
+        self.trial = None     # with cuda_graphs "auto" or "fastest": the ReplayTrial deciding on self.graphed
         self.lend = ()        # output positions a replay may return uncopied (see cuda_graphs.Loan)
         self.give = False     # whether a replay gives its other outputs out as its memory (cuda_graphs.Given)
         self.lent = False     # whether the last call's outputs at those positions are the graph's own memory
@@ -187,11 +187,12 @@ class CompiledGraph:
         self.graphed = GraphedCall(self.call, args, self.lend, self.pin, pool=self.pool, after=lender,
                                    static=self.static_inputs, give=self.give, host=self.host)
         self.trial = None
-        if self.cuda_graphs == "auto":
+        if self.cuda_graphs in ("auto", "fastest"):
             leader = self.lender.trial if self.lender is not None else None
             label = among_ranks.signature(self.kind, self.source, self.shape) \
                 if leader is None and among_ranks.process_group() is not None else None
-            self.trial = ReplayTrial(self.kind, leader=leader, sizes=self.shape, label=label)
+            self.trial = ReplayTrial(self.kind, leader=leader, sizes=self.shape, label=label,
+                                     memory_bound=self.cuda_graphs == "auto")
         if self.shape_key is not None:
             self.shapes[self.shape] = (self.graphed, self.trial)
 

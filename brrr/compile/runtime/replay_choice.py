@@ -32,6 +32,11 @@ A training forward leads its backward: the backward can replay only while its fo
 saved tensors, so it launches and replays in step with the forward, times nothing, and takes the forward's
 verdict; the forward's periods span whole steps, its backward included, whichever way that ran. A graph with no leader
 (inference, a backward whose forward decided before it first ran) times its own periods.
+A replay also costs memory: the graph's pool holds its activations, and a training forward's saved tensors stay
+in it between steps. With cuda_graphs="auto" a graph replays only if the process's peak allocated memory after
+the replays is within MEMORY_MARGIN of the peak after the launched calls (read, never reset: the user's own
+statistics stay theirs; the launched calls run first, so that peak bounds the launched step's). With
+cuda_graphs="fastest" time alone decides. Under several ranks the time rule alone decides, as the ranks agree.
 A graph planned at symbolic sizes has a CUDA graph per shape, and a trial per shape: a short sequence can be
 host-bound where a long one is not. Every verdict is logged (`DECISIONS`), and `brrr explain` lists them.
 In a process group of several ranks (DDP, FSDP2) the ranks agree on each verdict, by the slowest rank's periods
@@ -52,6 +57,9 @@ MARGIN = 0.95        # a replay must save 5%: less is within a host's noise, and
 HOST_BOUND = 0.5     # ... unless launching holds the host this share of a launched period (a host at half the
                      # speed, as the lent hosts' steps vary, would then keep the GPU waiting)
 
+MEMORY_MARGIN = 1.10   # with cuda_graphs="auto", a replay may raise the process's peak memory this much at most
+MEMORY = None          # a stand-in for the device's peak allocated bytes (tests)
+
 DECISIONS = []       # Decision records, process-wide, in the order they were made
 
 
@@ -64,6 +72,7 @@ class Decision:
     reason: str
     sizes: tuple | None = None   # a graph planned at symbolic sizes decides per shape: this call's sizes
     host_s: float | None = None  # least host time of a launched period's calls (a forward's: with its backward)
+    peaks: tuple | None = None   # the process's peak allocated bytes after the launched calls and after the replays
 
     def __str__(self):
         at = "" if self.sizes is None else f" at sizes {', '.join(map(str, self.sizes))}"
@@ -71,8 +80,10 @@ class Decision:
             return f"{self.graph} graph{at}: launches its kernels ({self.reason})"
         verb = "replays a CUDA graph" if self.replay else "launches its kernels"
         host = "" if self.host_s is None else f", the host busy {self.host_s * 1e6:.0f} us of a launched one"
+        peaks = "" if self.peaks is None else \
+            f"; peak memory {self.peaks[0] / 2**20:.0f} MiB launching, {self.peaks[1] / 2**20:.0f} MiB replaying"
         return (f"{self.graph} graph{at}: {verb} ({self.reason}: a call's period {self.launch_s * 1e6:.0f} us "
-                f"launching, {self.replay_s * 1e6:.0f} us replaying{host})")
+                f"launching, {self.replay_s * 1e6:.0f} us replaying{host}{peaks})")
 
 
 def log(decision):
@@ -90,8 +101,10 @@ class ReplayTrial:
     (outputs, whether they came from a replay). `label` (among_ranks.signature), given in a process group of
     several ranks: the name under which the ranks agree on this graph's verdict."""
 
-    def __init__(self, kind, leader=None, sizes=None, label=None):
+    def __init__(self, kind, leader=None, sizes=None, label=None, memory_bound=True):
         self.kind, self.leader, self.followers, self.sizes, self.label = kind, leader, [], sizes, label
+        self.memory_bound = memory_bound   # whether a replay must keep the peak within MEMORY_MARGIN
+        self.peak_launched = None          # the process's peak once the launched calls ran
         if leader is not None:
             leader.followers.append(self)
         self.launched, self.replayed = [], []   # periods, seconds
@@ -127,6 +140,8 @@ class ReplayTrial:
             timing.host_open += time.perf_counter() - started
             return out, False
         if not self.captured:
+            if self.leader is None:
+                self.peak_launched = _peak()
             out = graphed(args)
             if out is None:   # capture failed, or an input read in place has moved
                 self._cannot_replay(getattr(graphed, "failure", None))
@@ -176,11 +191,26 @@ class ReplayTrial:
         with_backward = " over whole steps with its backward" if self.followers else ""
         reason = ("faster replayed" if faster else "as fast replayed, and launching holds the host" if host_bound
                   else "not faster replayed") + with_backward + ranks
-        self._decide(faster or host_bound, reason, launch_s, replay_s, host_s)
+        peaks = (self.peak_launched, _peak()) if self.peak_launched is not None else None
+        costly = peaks is not None and peaks[1] > MEMORY_MARGIN * peaks[0]
+        # ranks decide by one rule and their periods alone: a rank launching where another replays waits on it
+        if (faster or host_bound) and costly and self.memory_bound and self.label is None:
+            reason = (f"{reason}, but replaying raised the peak memory by more than "
+                      f"{MEMORY_MARGIN - 1:.0%} (cuda_graphs=\"fastest\" replays anyway)")
+            self._decide(False, reason, launch_s, replay_s, host_s, peaks)
+            return
+        self._decide(faster or host_bound, reason, launch_s, replay_s, host_s, peaks)
 
-    def _decide(self, replay, reason, launch_s=None, replay_s=None, host_s=None):
+    def _decide(self, replay, reason, launch_s=None, replay_s=None, host_s=None, peaks=None):
         self.replay = replay
-        log(Decision(self.kind, replay, launch_s, replay_s, reason, self.sizes, host_s))
+        log(Decision(self.kind, replay, launch_s, replay_s, reason, self.sizes, host_s, peaks))
         for follower in self.followers:   # they replay only beside this graph's replays
             if follower.replay is None:
-                follower._decide(replay, f"as its {self.kind} graph", launch_s, replay_s, host_s)
+                follower._decide(replay, f"as its {self.kind} graph", launch_s, replay_s, host_s, peaks)
+
+
+def _peak():
+    """The process's peak allocated bytes on the current device so far (never reset: the user's own statistics
+    stay theirs). Launched calls run first, so the peak after them bounds the launched step's; what the replays
+    add over it is what replaying costs this process."""
+    return MEMORY() if MEMORY is not None else torch.cuda.max_memory_allocated()
