@@ -116,7 +116,19 @@ def _assert_same(ref, got):
         assert o.stride() == r.stride()
 
 
-MODELS = {"conv-bn-relu-pool": ConvBlock, "separable": lambda: Separable()}
+class Classifier(nn.Module):
+    """VGG's head: convolutions, then the feature map flattened (a view) into a linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1))
+        self.head = nn.Linear(4 * 8 * 8, 5)
+
+    def forward(self, x):
+        return self.head(self.features(x).flatten(1))
+
+
+MODELS = {"conv-bn-relu-pool": ConvBlock, "separable": lambda: Separable(), "flatten-classifier": Classifier}
 FORMATS = {"nchw": torch.contiguous_format, "channels_last": torch.channels_last}
 
 
@@ -126,7 +138,7 @@ def test_blocks_equal_eager_when_converted(timer, seen, name, fmt):
     timer(Timer(as_is_s=2e-3, channels_last_s=1e-3))
     torch.manual_seed(0)
     model = MODELS[name]()
-    x = torch.randn(2, 3 if name == "conv-bn-relu-pool" else 8, 8, 8).to(memory_format=FORMATS[fmt])
+    x = torch.randn(2, 8 if name == "separable" else 3, 8, 8).to(memory_format=FORMATS[fmt])
     ref, got = _train(model, x)
     _assert_same(ref, got)
     assert seen.channels_last and all(seen.channels_last)   # every convolution, forward and backward
@@ -140,7 +152,7 @@ def test_blocks_stay_nchw_when_the_timer_says_channels_last_is_slower(timer, see
     timer(Timer(as_is_s=1e-3, channels_last_s=1.2e-3))
     torch.manual_seed(0)
     model = MODELS[name]()
-    x = torch.randn(2, 3 if name == "conv-bn-relu-pool" else 8, 8, 8)
+    x = torch.randn(2, 8 if name == "separable" else 3, 8, 8)
     ref, got = _train(model, x)
     _assert_same(ref, got)
     assert seen.channels_last and not any(seen.channels_last)
@@ -223,6 +235,42 @@ def _infer_equals_eager(fn, x):
         out, ref = torch.compile(fn, backend=brrr_backend)(x), fn(x)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     assert out.stride() == ref.stride()
+
+
+class TwoBranches(nn.Module):
+    """Two convolution stacks on two inputs, joined only through their flattened features."""
+
+    def __init__(self):
+        super().__init__()
+        self.wide = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
+        self.narrow = nn.Sequential(nn.Conv2d(6, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, padding=1))
+
+    def forward(self, a, b):
+        return self.wide(a).flatten(1).sum(1) + self.narrow(b).flatten(1).sum(1)
+
+
+class ByChannels(Timer):
+    """Convolutions over 8 channels run faster channels_last, those over 6 slower."""
+
+    def conv(self, call, layout):
+        self.calls += 1
+        wide = call.tensors[0][0][1] == 8
+        return {"as_is": 2e-3, "channels_last": 1e-3 if wide else 3e-3}[layout]
+
+
+def test_groups_of_convolutions_decide_apart(timer, seen):
+    timer(ByChannels())
+    torch.manual_seed(0)
+    model = TwoBranches().eval()
+    a, b = torch.randn(2, 8, 6, 6), torch.randn(2, 6, 6, 6)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(model, backend=brrr_backend)(a, b)
+        torch.testing.assert_close(out, model(a, b), rtol=1e-4, atol=1e-4)
+    wide, narrow = layouts.DECISIONS
+    assert "group 1 of 2" in wide.graph and "group 2 of 2" in narrow.graph
+    assert wide.converted and not narrow.converted
+    assert seen.channels_last == [True, True, False, False]
 
 
 def test_inference_graph_converts_and_keeps_its_output_layout(timer, seen):

@@ -13,14 +13,16 @@ either layout, so the layout is the convolutions' choice, paid for by the copies
   Every other op then follows eager's rules on the new strides (fake tensors propagated through the graph), so
   activations stay channels_last from one convolution to the next and no copy sits between them.
 - Outputs keep the layout the user's graph gives them: an output that changed is cloned back (a gradient of an
-  NCHW weight, a feature map returned to the caller).
-- The graph converts when its convolutions' channels_last time plus the copies' (bytes at the measured copy
-  bandwidth, plus a launch each) is below MARGIN of their time as they are. One decision per graph: every
-  convolution moves, or none.
+  NCHW weight, a feature map returned to the caller), and so is a value a view reads by its strides (a flatten
+  before a classifier).
+- Convolutions joined by chains of 4-D values form a group (`conv_groups`; a training layer's forward and
+  backward share its weight), and each group converts when its convolutions' channels_last time plus the copies'
+  (bytes at the measured copy bandwidth, plus a launch each) is below MARGIN of their time as they are: every
+  convolution of a group moves, or none.
 
-`DECISIONS` lists each graph's decision with the times behind it (explain shows them); `TIMER` replaces the
-GPU timer in tests; BRRR_LAYOUTS=0 turns the pass off. A graph the pass cannot rewrite (a non-contiguous output it
-cannot restore, an op fake tensors cannot follow) stays as it is, and the decision says why.
+`DECISIONS` lists each group's decision with the times behind it (explain shows them); `TIMER` replaces the
+GPU timer in tests; BRRR_LAYOUTS=0 turns the pass off. A group the pass cannot rewrite (a non-contiguous output it
+cannot restore, an op fake tensors cannot follow) stays as it is, and its decision says why.
 """
 
 import os
@@ -37,6 +39,9 @@ aten = torch.ops.aten
 MARGIN = 0.97            # channels_last must save 3%: less is within the timer's noise
 LAUNCH_S = 4e-6          # a conversion's kernel launch, on top of its bytes
 CONVERTED_ARGS = {aten.convolution.default: (0, 1), aten.convolution_backward.default: (0, 1, 2)}
+# ops whose result depends on their input's strides: they keep reading the tensor as the graph passed it
+STRIDE_BOUND = {aten.view.default, aten._unsafe_view.default, aten.as_strided.default, aten.reshape.default,
+                aten._reshape_alias.default, aten.as_strided_scatter.default}
 
 TIMER = None             # a stand-in for DeviceConvTimer (tests): .conv(ConvCall, layout) and .copy(nbytes) seconds
 DECISIONS = []           # Decision records, process-wide, in the order they were made
@@ -99,46 +104,101 @@ def candidates(gm):
 
 def choose(gm, graph):
     """gm, or a channels_last copy of it where its measured convolutions say so (see the module docstring);
-    `graph` names it in the decision. Never raises: a failure leaves gm as it is."""
+    `graph` names it in the decisions. Never raises: a failure leaves gm as it is."""
     if not enabled():
         return gm
-    decision = Decision(graph, 0.0, 0.0)
+    decisions = []
     try:
         convs = candidates(gm)
         if not convs:
             return gm
-        DECISIONS.append(decision)
-        return _choose(gm, convs, decision)
+        groups = conv_groups(gm, convs)
+        for i, group in enumerate(groups):
+            name = graph if len(groups) == 1 else f"{graph} (convolution group {i + 1} of {len(groups)})"
+            decisions.append(Decision(name, 0.0, 0.0))
+        DECISIONS.extend(decisions)
+        return _choose(gm, groups, decisions)
     except Exception as e:
         if debugging():
             raise
         recover(e, "the layout pass failed", "the graph keeps its layouts")
-        decision.converted, decision.why = False, f"the pass failed ({type(e).__name__}: {str(e)[:120]})"
+        for decision in decisions:
+            decision.converted, decision.why = False, f"the pass failed ({type(e).__name__}: {str(e)[:120]})"
         return gm
 
 
-def _choose(gm, convs, decision):
+def conv_groups(gm, convs):
+    """`convs` in groups that share tensors: two convolutions are in one group when a chain of 4-D values (through
+    any ops but STRIDE_BOUND ones) joins them, so their layouts meet; a training layer's forward and backward
+    share its weight. Groups decide their layouts apart, in graph order."""
+    parent = {}
+
+    def root(n):
+        r = n
+        while r in parent:
+            r = parent[r]
+        while n in parent and parent[n] is not r:   # path compression: a long chain is walked once
+            parent[n], n = r, parent[n]
+        return r
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target in STRIDE_BOUND or not _four_d(node):
+            continue
+        for arg in node.all_input_nodes:
+            a, b = root(arg), root(node)
+            if _four_d(arg) and a is not b:
+                parent[a] = b
+    groups = {}
+    for conv in convs:
+        groups.setdefault(root(conv), []).append(conv)
+    return list(groups.values())
+
+
+def _four_d(node):
+    vals = _val(node)
+    vals = vals if isinstance(vals, (tuple, list)) else [vals]
+    return any(isinstance(v, torch.Tensor) and v.dim() == 4 for v in vals)
+
+
+def _choose(gm, groups, decisions):
     from brrr.compile.ir.sizes import hint
     from brrr.compile.passes.specialize import copy_graph_module
 
-    timer = TIMER or DeviceConvTimer(_val(convs[0].args[0]).device.index)
-    for node in convs:
-        call = conv_call(node, hint)
-        as_is, cl = timer.conv(call, "as_is"), timer.conv(call, "channels_last")
-        decision.convs.append((call.describe(), as_is, cl))
-        decision.as_is_s += as_is
-        decision.channels_last_s += cl
-    candidate = copy_graph_module(gm)
-    try:
-        copies = convert(candidate, {n.name for n in convs})
-    except CannotConvert as e:
-        decision.why = str(e)
+    timer = TIMER or DeviceConvTimer(_val(groups[0][0].args[0]).device.index)
+    chosen = set()
+    for convs, decision in zip(groups, decisions):
+        for node in convs:
+            call = conv_call(node, hint)
+            as_is, cl = timer.conv(call, "as_is"), timer.conv(call, "channels_last")
+            decision.convs.append((call.describe(), as_is, cl))
+            decision.as_is_s += as_is
+            decision.channels_last_s += cl
+        try:
+            copies = convert(copy_graph_module(gm), {n.name for n in convs})
+        except CannotConvert as e:
+            decision.why = str(e)
+            continue
+        decision.copies = len(copies)
+        decision.copy_bytes = sum(hint(_bytes(_val(c))) for c in copies)
+        decision.copy_s = timer.copy(decision.copy_bytes) + LAUNCH_S * len(copies)
+        decision.converted = decision.channels_last_s + decision.copy_s < MARGIN * decision.as_is_s
+        if decision.converted:
+            chosen |= {n.name for n in convs}
+    if not chosen:
         return gm
-    decision.copies = len(copies)
-    decision.copy_bytes = sum(hint(_bytes(_val(c))) for c in copies)
-    decision.copy_s = timer.copy(decision.copy_bytes) + LAUNCH_S * len(copies)
-    decision.converted = decision.channels_last_s + decision.copy_s < MARGIN * decision.as_is_s
-    return candidate if decision.converted else gm
+    if len(groups) == 1:
+        candidate = copy_graph_module(gm)
+        convert(candidate, chosen)
+        return candidate
+    try:   # the chosen groups together: each was timed and converted alone
+        candidate = copy_graph_module(gm)
+        convert(candidate, chosen)
+    except CannotConvert as e:
+        for decision in decisions:
+            if decision.converted:
+                decision.converted, decision.why = False, f"converted with the other groups: {e}"
+        return gm
+    return candidate
 
 
 def _bytes(val):
@@ -160,12 +220,17 @@ def convert(gm, conv_names):
         raise CannotConvert("no fake tensors to follow the new strides with")
     original = {n: _val(n) for n in graph.nodes}
     clones, added = {}, []
+    restore = _Restorer(graph, original, mode, added)
     for node in list(graph.nodes):
         if node.op == "output":
-            added += _restore_outputs(graph, node, original, mode)
+            output = node
+            output.args = map_arg(output.args, lambda n: restore(n, output))
             continue
         if node.op != "call_function":
             continue
+        if node.target in STRIDE_BOUND and isinstance(node.args[0], torch.fx.Node):
+            # a view of a tensor now channels_last (a flatten before a classifier) reads the layout it was traced at
+            node.args = (restore(node.args[0], node),) + tuple(node.args[1:])
         if node.name in conv_names:
             args = list(node.args)
             for i in CONVERTED_ARGS[node.target]:
@@ -187,8 +252,6 @@ def convert(gm, conv_names):
     return added
 
 
-# ops whose result depends on their input's strides: they keep reading the tensor as the graph passed it
-STRIDE_BOUND = {aten.view.default, aten._unsafe_view.default, aten.as_strided.default, aten.reshape.default}
 
 
 def _redirect_later_uses(src, clone, conv):
@@ -214,26 +277,30 @@ def _propagate(node, mode):
     node.meta.pop("tensor_meta", None)   # stale strides; the partitioner reads "val"
 
 
-def _restore_outputs(graph, output, original, mode):
-    """Clone each output whose strides changed back to its contiguous layout."""
-    restored, added = {}, []
+class _Restorer:
+    """Gives back a value whose strides the conversion moved in the layout it was traced at: a clone to its
+    contiguous layout, one per value, placed before its first reader that needs it (a graph output, a view)."""
 
-    def restore(node):
-        before, now = original.get(node), _val(node)
+    def __init__(self, graph, original, mode, added):
+        self.graph, self.original, self.mode, self.added = graph, original, mode, added
+        self.restored = {}
+
+    def __call__(self, node, reader):
+        before, now = self.original.get(node), _val(node)
         if not isinstance(now, torch.Tensor) or not isinstance(before, torch.Tensor):
             return node
         if before.stride() == now.stride() or before.dim() < 2:
             return node
+        if reader.op != "output" and all(a == b for a, b, n in zip(before.stride(), now.stride(), now.shape)
+                                         if n != 1):
+            return node   # a view reads it the same ([N, C, 1, 1] channels_last: only size-1 dims' strides moved)
         if not before.is_contiguous():
-            raise CannotConvert(f"output {node.name} had strides {tuple(before.stride())}, "
-                                "which a conversion back cannot promise")
-        if node not in restored:   # even where only a size-1 dim's stride moved: outputs keep eager's strides
-            with graph.inserting_before(output):
-                restored[node] = graph.call_function(aten.clone.default, (node,),
-                                                     {"memory_format": torch.contiguous_format})
-            _propagate(restored[node], mode)
-            added.append(restored[node])
-        return restored[node]
-
-    output.args = map_arg(output.args, restore)
-    return added
+            raise CannotConvert(f"{node.name} had strides {tuple(before.stride())}, which a conversion back "
+                                "cannot promise")
+        if node not in self.restored:   # even where only a size-1 dim's stride moved: eager's strides exactly
+            with self.graph.inserting_before(reader):
+                self.restored[node] = self.graph.call_function(aten.clone.default, (node,),
+                                                               {"memory_format": torch.contiguous_format})
+            _propagate(self.restored[node], self.mode)
+            self.added.append(self.restored[node])
+        return self.restored[node]
