@@ -5,7 +5,7 @@ dtype and its parameters; `DeviceConvTimer` runs it on the GPU on random tensors
 gives it ("as_is") and once with every 4-D tensor channels_last, and keeps the median of CUDA-event timings. The
 times are cached on disk (`cache.folder("layouts")`) by the call, the GPU and the versions of torch and cuDNN and
 cuDNN's settings, so a second compile, in this process or another, runs nothing. Nothing here runs inside a
-CUDA-graph capture or under AOTAutograd's fake mode.
+CUDA-graph capture or under AOTAutograd's fake mode, and the random generators are left as they were.
 """
 
 import hashlib
@@ -124,7 +124,9 @@ class DeviceConvTimer:
     def _measure(self, call, layout):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-        with unset_fake_temporarily(), torch.no_grad(), torch.cuda.device(self.device):
+        # the random operands draw from the generators the user's own ops draw from next: their state is restored
+        with unset_fake_temporarily(), torch.no_grad(), torch.cuda.device(self.device), \
+                torch.random.fork_rng(devices=[self.device.index]):
             fn = runner(call, layout, self.device)
             fn()   # cuDNN picks and loads its kernel here
             times = []

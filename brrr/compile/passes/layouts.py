@@ -75,7 +75,10 @@ def _ms(seconds):
 
 
 def enabled():
-    return os.environ.get("BRRR_LAYOUTS", "1") != "0"
+    if os.environ.get("BRRR_LAYOUTS", "1") == "0":
+        return False
+    # compiled inside the caller's own CUDA-graph capture, nothing may run or synchronize: layouts stay as passed
+    return TIMER is not None or not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def _val(node):
