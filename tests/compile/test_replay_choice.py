@@ -281,10 +281,18 @@ def test_a_pair_whose_launches_hold_the_host_replays_both(clock, fake_cuda_graph
     assert fw.graphed is not None and bw.graphed is not None
 
 
-def test_a_device_bound_pair_launches_both(clock, fake_cuda_graphs):
+@pytest.mark.parametrize("why", ["device-bound", "replaying raises the peak"])
+def test_a_pair_launches_both(clock, fake_cuda_graphs, monkeypatch, why):
+    """A device-bound pair, or a host-bound one whose replays raise the peak by half: the forward and its backward
+    decide together, and both launch."""
+    if why == "device-bound":
+        costs = ({False: (1e-3, 5e-3), True: (50e-6, 5.1e-3)}, {False: (1e-3, 8e-3), True: (50e-6, 8.1e-3)})
+    else:
+        start = fake_cuda_graphs.replays
+        monkeypatch.setattr(replay_choice, "MEMORY", lambda: 1000 + (500 if fake_cuda_graphs.replays > start else 0))
+        costs = ({False: (4e-3, 1e-3), True: (50e-6, 1e-3)}, {False: (4e-3, 1e-3), True: (50e-6, 1e-3)})
     w = torch.randn(4)
-    fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (1e-3, 5e-3), True: (50e-6, 5.1e-3)},
-                            {False: (1e-3, 8e-3), True: (50e-6, 8.1e-3)})
+    fw, bw = pair_of_graphs(clock, fake_cuda_graphs, *costs)
     train_steps(fw, bw, replay_choice.TRIAL_CALLS + 3, w)
     assert [d.replay for d in replay_choice.DECISIONS] == [False, False]
     assert fw.graphed is None and bw.graphed is None
@@ -322,15 +330,3 @@ def test_a_faster_replay_that_raises_the_peak_launches_unless_asked_for_speed(cl
     assert (graph.graphed is not None) is replays   # a graph turned down gives its memory back
     if mode == "auto" and not replays:
         assert "raised the peak memory" in decision.reason
-
-
-def test_the_memory_rule_binds_a_training_pair(clock, fake_cuda_graphs, monkeypatch):
-    """A forward and its backward decide together, memory included: both launch."""
-    start = fake_cuda_graphs.replays
-    monkeypatch.setattr(replay_choice, "MEMORY", lambda: 1000 + (500 if fake_cuda_graphs.replays > start else 0))
-    w = torch.randn(4)
-    fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (4e-3, 1e-3), True: (50e-6, 1e-3)},
-                            {False: (4e-3, 1e-3), True: (50e-6, 1e-3)})
-    train_steps(fw, bw, replay_choice.TRIAL_CALLS + 2, w)
-    assert [d.replay for d in replay_choice.DECISIONS] == [False, False]
-    assert fw.graphed is None and bw.graphed is None
