@@ -158,11 +158,12 @@ def test_blocks_stay_nchw_when_the_timer_says_channels_last_is_slower(timer, see
     assert seen.channels_last and not any(seen.channels_last)
     [decision] = layouts.DECISIONS
     assert not decision.converted and decision.channels_last_s > decision.as_is_s
+    assert decision.copies == 0 and "not faster" in decision.why   # no candidate graph built
 
 
 def test_copies_count_against_channels_last(timer, seen):
-    """Convolutions 1% faster channels_last do not pay for their conversions (and fall inside MARGIN)."""
-    timer(Timer(as_is_s=1e-6, channels_last_s=0.99e-6, bandwidth=1e9))
+    """Convolutions 5% faster channels_last do not pay for their conversions at a slow copy bandwidth."""
+    timer(Timer(as_is_s=1e-6, channels_last_s=0.95e-6, bandwidth=1e9))
     _train(ConvBlock(), torch.randn(2, 3, 8, 8))
     assert not any(seen.channels_last)
     [decision] = layouts.DECISIONS

@@ -176,6 +176,9 @@ def _choose(gm, groups, decisions):
             decision.convs.append((call.describe(), as_is, cl))
             decision.as_is_s += as_is
             decision.channels_last_s += cl
+        if decision.channels_last_s >= MARGIN * decision.as_is_s:
+            decision.why = "its convolutions are not faster channels_last"   # no candidate graph to build
+            continue
         try:
             copies = convert(copy_graph_module(gm), {n.name for n in convs})
         except CannotConvert as e:
