@@ -24,7 +24,7 @@ SAMPLES = 5                  # timed groups per layout; the median is kept
 CALLS_PER_SAMPLE = 3         # calls between one pair of events
 HEAD_START_CYCLES = 2_000_000   # ~1 ms of GPU sleep, so an event pair holds the calls and not their launch
 VERSION = 1                  # of the cached entries' format: a change makes old entries miss
-LAYOUTS = ("as_is", "channels_last")
+TENSOR_ARGS = (0, 1, 2)      # a convolution's and its backward's tensor arguments: the first three of both
 
 
 @dataclass(frozen=True)
@@ -46,20 +46,15 @@ class ConvCall:
         return json.dumps([VERSION, self.op, self.tensors, self.dtype, self.params, layout])
 
 
-def _tensor_args(op):
-    """Positions of the tensor arguments of a convolution op."""
-    return (0, 1, 2) if op in ("convolution", "convolution_backward") else ()
-
-
 def conv_call(node, hint):
     """The ConvCall of FX node `node` (aten.convolution or aten.convolution_backward), sizes through `hint`."""
     op = node.target.__name__.split(".")[0]
     tensors, params = [], []
     for i, arg in enumerate(node.args):
         val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
-        if i in _tensor_args(op) and isinstance(val, torch.Tensor):
+        if i in TENSOR_ARGS and isinstance(val, torch.Tensor):
             tensors.append((tuple(hint(s) for s in val.shape), tuple(hint(s) for s in val.stride())))
-        elif i in _tensor_args(op):
+        elif i in TENSOR_ARGS:
             tensors.append(None)
         else:
             params.append(_plain(arg, hint))

@@ -168,7 +168,7 @@ def _choose(gm, groups, decisions):
     from brrr.compile.passes.specialize import copy_graph_module
 
     timer = TIMER or DeviceConvTimer(_val(groups[0][0].args[0]).device.index)
-    chosen = set()
+    chosen = {}   # group's conv names -> its candidate graph, converted alone
     for convs, decision in zip(groups, decisions):
         for node in convs:
             call = conv_call(node, hint)
@@ -179,8 +179,10 @@ def _choose(gm, groups, decisions):
         if decision.channels_last_s >= MARGIN * decision.as_is_s:
             decision.why = "its convolutions are not faster channels_last"   # no candidate graph to build
             continue
+        names = frozenset(n.name for n in convs)
+        candidate = copy_graph_module(gm)
         try:
-            copies = convert(copy_graph_module(gm), {n.name for n in convs})
+            copies = convert(candidate, names)
         except CannotConvert as e:
             decision.why = str(e)
             continue
@@ -189,16 +191,12 @@ def _choose(gm, groups, decisions):
         decision.copy_s = timer.copy(decision.copy_bytes) + LAUNCH_S * len(copies)
         decision.converted = decision.channels_last_s + decision.copy_s < MARGIN * decision.as_is_s
         if decision.converted:
-            chosen |= {n.name for n in convs}
-    if not chosen:
-        return gm
-    if len(groups) == 1:
-        candidate = copy_graph_module(gm)
-        convert(candidate, chosen)
-        return candidate
+            chosen[names] = candidate
+    if len(chosen) <= 1:   # none, or one group's candidate as it was timed
+        return next(iter(chosen.values()), gm)
     try:   # the chosen groups together: each was timed and converted alone
         candidate = copy_graph_module(gm)
-        convert(candidate, chosen)
+        convert(candidate, set().union(*chosen))
     except CannotConvert as e:
         for decision in decisions:
             if decision.converted:
