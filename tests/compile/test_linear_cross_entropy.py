@@ -466,3 +466,21 @@ def test_the_weight_gradient_sum_is_written_by_its_first_chunk_not_zero_filled(r
     assert op.chunk_rows(x.shape[0], VOCAB, HIDDEN, 4) < x.shape[0]   # several chunks
     for got, want in zip(way(x, w, b, t), _reference(x, w, b, t)):
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_loss_compiled_inside_the_callers_autocast_is_left_to_autocast(always):
+    """Autocast around the compiled call (an amp training loop) decides the linear's dtype: the rewrite is not
+    applied, and loss and gradients equal eager's under the same autocast."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    ours = copy.deepcopy(model)
+    ids, labels = _ids()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert brrr.explain(TinyLM(), ids, labels, train=True).linear_losses == []
+        want = model(ids, labels)
+        got = brrr.compile(ours)(ids, labels)
+    want.backward()
+    got.backward()
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    for (name, p), q in zip(model.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=5e-2, atol=5e-3, msg=name)

@@ -330,3 +330,81 @@ def test_a_faster_replay_that_raises_the_peak_launches_unless_asked_for_speed(cl
     assert (graph.graphed is not None) is replays   # a graph turned down gives its memory back
     if mode == "auto" and not replays:
         assert "raised the peak memory" in decision.reason
+
+
+def test_a_caller_resetting_the_peak_each_step_is_judged_by_each_steps_peak(clock, fake_cuda_graphs, monkeypatch):
+    """A harness that resets the peak statistics before every step: launched steps peak at 1000 bytes, replayed
+    ones at 1050 (inside the 10%), and right after a reset the peak reads what lives between steps (100). Each
+    period's end reads that period's step, so the replay is judged against 1000, not against 100."""
+    start = fake_cuda_graphs.replays
+    state = {"reset": False}
+
+    def peak():
+        if state["reset"]:
+            return 100
+        return 1050 if fake_cuda_graphs.replays > start else 1000
+    monkeypatch.setattr(replay_choice, "MEMORY", peak)
+    w = torch.randn(4)
+    call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
+    graph = CompiledGraph(call, None, "", cuda_graphs="auto")
+    for i in range(replay_choice.TRIAL_CALLS):
+        state["reset"] = i == 1 + replay_choice.SAMPLES   # a reset just before the capture's step
+        graph([torch.full((4,), float(i)), w])
+        state["reset"] = False
+    (decision,) = replay_choice.DECISIONS
+    assert decision.replay and decision.peaks == (1000, 1050)
+
+
+def test_a_pair_turned_down_gives_its_memory_back_before_the_deciding_step_launches(clock, fake_cuda_graphs):
+    """The verdict comes at the start of a forward call: both graphs' outputs (the saved tensors lent, the
+    gradients given) are released before that call launches, so the launched step never sits beside them."""
+    import gc
+    import weakref
+
+    w = torch.randn(4)
+    fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (1e-3, 5e-3), True: (50e-6, 5.1e-3)},
+                            {False: (1e-3, 8e-3), True: (50e-6, 8.1e-3)})
+    bw.give = True
+    forward = fw.call
+    held_when_launching = []
+
+    def watched_forward(args):
+        if fw.trial is not None and fw.trial.replay is False:   # the deciding call, launching
+            gc.collect()
+            held_when_launching.extend(r() is not None for r in graph_outputs)
+        return forward(args)
+    graph_outputs = []
+    fw.call = watched_forward
+    for i in range(replay_choice.TRIAL_CALLS + 1):
+        x = torch.full((4,), float(i))
+        out, saved = fw([x, w])
+        bw.pinned_ready = fw.lent
+        (grad,) = bw([saved, torch.ones(4)])
+        torch.testing.assert_close(grad, x * 2)
+        if fw.graphed is not None and fw.graphed.graph is not None and not graph_outputs:
+            graph_outputs = [weakref.ref(t) for g in (fw.graphed, bw.graphed) for t in g.static_out]
+        del out, saved, grad
+    assert [d.replay for d in replay_choice.DECISIONS] == [False, False]
+    assert graph_outputs and held_when_launching == [False] * len(graph_outputs)
+
+
+def test_a_backwards_launched_calls_free_their_inputs_in_the_trial_too(clock, fake_cuda_graphs):
+    """A backward hands its saved tensors over (owns_inputs): every launched call after the checking one, the
+    trial's included, may free each at its last use; a capture and a replay keep them."""
+    w = torch.randn(4)
+    fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (1e-3, 5e-3), True: (50e-6, 5.1e-3)},
+                            {False: (1e-3, 8e-3), True: (50e-6, 8.1e-3)})
+    backward, owned = bw.call, []
+
+    def owning_backward(args, owned_now=False):
+        owned.append((owned_now, fake_cuda_graphs.capturing or fake_cuda_graphs.replaying))
+        out = backward(args)
+        if owned_now:
+            args.clear()
+        return out
+    bw.call, bw.owns_inputs = owning_backward, True
+    train_steps(fw, bw, replay_choice.TRIAL_CALLS + 2, w)
+    launched = [o for o, graphed in owned if not graphed]
+    # the checking call keeps them: a kernel failing half-way has the call run again
+    assert launched[0] is False and len(launched) >= 1 + replay_choice.SAMPLES + 2 and all(launched[1:])
+    assert not any(o for o, graphed in owned if graphed)

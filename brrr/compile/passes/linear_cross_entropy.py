@@ -174,7 +174,10 @@ def _match(ce):
 
 
 def _uses_autocast(gm):
-    return any("autocast" in str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+    """Whether autocast chooses the graph's dtypes: entered inside it, or around it while Dynamo traced (the
+    caller's `with torch.autocast(...)`: the op would then run on autocast's bf16 activations beside fp32 weights)."""
+    return torch._C._is_any_autocast_enabled() or \
+        any("autocast" in str(n.target) for n in gm.graph.nodes if n.op == "call_function")
 
 
 def fuse_linear_cross_entropy(gm):

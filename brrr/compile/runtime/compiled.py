@@ -12,6 +12,7 @@ passes (matmul epilogue fusion: brrr.compile.matmul.fusion), so the runtime impo
 import ast
 import concurrent.futures
 import os
+import weakref
 from collections import Counter
 
 import torch
@@ -22,7 +23,7 @@ from brrr.compile.codegen.triton import generate
 from brrr.compile.fallbacks import KernelFailed, debugging, is_out_of_memory, recover, warn_once
 from brrr.compile.ir import nodes as ir, sizes
 from brrr.compile.runtime import among_ranks, floor, kernel_registry
-from brrr.compile.runtime.cuda_graphs import GraphedCall, SharedPool
+from brrr.compile.runtime.cuda_graphs import GraphedCall, SharedPool, data_ptrs
 from brrr.compile.runtime.launch import Launcher, tma_descriptor
 from brrr.compile.runtime.replay_choice import ReplayTrial
 from brrr.compile.scheduling.inplace import reused_memory
@@ -172,27 +173,30 @@ class CompiledGraph:
                 if not graphed.usable:
                     self._drop_graph()
             return self.call(args, True) if self.owns_inputs else self.call(args)
+        # what a CUDA graph needs of these args, read before the call may free them (owns_inputs)
+        shape = self.shape_key(args) if self.shape_key is not None and self.cuda_graphs else None
+        ptrs = data_ptrs(args) if self.cuda_graphs else None
         out = self._first_call(args)
         self.verified = True
         if self.cuda_graphs and self.call != self._aten_call:   # bound methods: equal, never identical
-            if self.shape_key is not None:
-                self.shape = self.shape_key(args)
-            self._new_graph(args)
+            self.shape = shape
+            self._new_graph(args, ptrs)
         return out
 
-    def _new_graph(self, args):
-        """A CUDA graph for these args, of shape `self.shape` (captured on its next call) and, with "auto", its
-        trial; a symbolic graph keeps them as that shape's."""
+    def _new_graph(self, args, first_ptrs=None):
+        """A CUDA graph for these args (or, where the call freed them, their addresses `first_ptrs`), of shape
+        `self.shape` (captured on its next call) and, with "auto", its trial; a symbolic graph keeps them as that
+        shape's."""
         lender = self.lender.graphed if self.lender is not None and self.pool is None else None
         self.graphed = GraphedCall(self.call, args, self.lend, self.pin, pool=self.pool, after=lender,
-                                   static=self.static_inputs, give=self.give, host=self.host)
+                                   static=self.static_inputs, give=self.give, host=self.host, first_ptrs=first_ptrs)
         self.trial = None
         if self.cuda_graphs in ("auto", "fastest"):
             leader = self.lender.trial if self.lender is not None else None
             label = among_ranks.signature(self.kind, self.source, self.shape) \
                 if leader is None and among_ranks.process_group() is not None else None
             self.trial = ReplayTrial(self.kind, leader=leader, sizes=self.shape, label=label,
-                                     memory_bound=self.cuda_graphs == "auto")
+                                     memory_bound=self.cuda_graphs == "auto", release=_weak_call(self._drop_graph))
         if self.shape_key is not None:
             self.shapes[self.shape] = (self.graphed, self.trial)
 
@@ -224,7 +228,10 @@ class CompiledGraph:
         if torch.cuda.is_current_stream_capturing():   # inside the caller's own capture: just launch
             return self.call(args)
         graphed.pinned_ready = self.pinned_ready
-        out, replayed = trial.run(self.call, graphed, args)
+        # a launched call frees what it is handed at its last use, as outside the trial: held to the end, a
+        # ResNet-18 training step's trial peaked at 1119 MiB against 932 (benchmarks/NOTES.md)
+        launch = self._owned_call if self.owns_inputs else self.call
+        out, replayed = trial.run(launch, graphed, args)
         self.lent = replayed and bool(graphed.lend)
         if trial.replay is not None:
             self._settle_trial(trial)
@@ -237,10 +244,15 @@ class CompiledGraph:
         if not trial.replay:
             self._drop_graph()
 
+    def _owned_call(self, args):
+        return self.call(args, True)
+
     def _drop_graph(self):
         """Launch from now on (at this shape): the CUDA graph, its static inputs and outputs, go once no loan
         holds them. A shape's entry lets go of it too: kept there, a graph a trial turned down held its outputs
         (a training forward's saved tensors) while the same shape launched beside it."""
+        if self.graphed is not None:
+            self.graphed.release()   # the trial's frames still hold the GraphedCall itself
         self.graphed = None
         if self.shape_key is not None and self.shape in self.shapes:
             self.shapes[self.shape] = (None, self.shapes[self.shape][1])
@@ -270,10 +282,21 @@ class CompiledGraph:
             return out
         del out
         floor.settle(self, args)
-        return self.call(args)
+        return self.call(args, True) if self.owns_inputs else self.call(args)
 
     def _aten_call(self, args, owned=False):
         return self.gm(*args)
+
+
+def _weak_call(method):
+    """`method` called through a weak reference to its object (a trial must not keep its graph alive)."""
+    ref = weakref.WeakMethod(method)
+
+    def call():
+        bound = ref()
+        if bound is not None:
+            bound()
+    return call
 
 
 def build(plan, gm, cuda_graphs=False, kind="graph", rewrite_kernels=None):

@@ -185,11 +185,13 @@ class GraphedCall:
     where known (input_slots). `give`: return the outputs that are not lent as the graph's memory instead of
     copies (a backward's gradients; see Given), with no SharedPool only. `host`: the call's host_copies.HostCopies
     (inputs on the host it copies to the device, staged into device memory before each replay; or why it
-    cannot be captured). `failure` says why the graph could not capture, once it could not."""
+    cannot be captured). `first_ptrs`: the first call's input addresses, where that call freed its inputs.
+    `failure` says why the graph could not capture, once it could not. `release()` gives its memory back."""
 
     def __init__(self, call, first_args, lend=(), pin=(), pool=None, after=None, static=None, give=False,
-                 host=None):
-        self.call, self.first_ptrs = call, data_ptrs(first_args)
+                 host=None, first_ptrs=None):
+        self.call = call
+        self.first_ptrs = first_ptrs if first_ptrs is not None else data_ptrs(first_args)
         self.static_positions = frozenset(static) if static is not None else None
         self.pool = pool
         self.after = weakref.ref(after) if after is not None else None
@@ -285,6 +287,15 @@ class GraphedCall:
                 member.give = False
                 return True
         return False
+
+    def release(self):
+        """Never replay again, and let go of the graph, its copies of the inputs and its outputs: their memory
+        goes back once nothing else holds it (a loan's backward still reading what it lent, a .grad it gave).
+        Nothing overwrites lent memory from now on, so the loans need no copies."""
+        self.failed, self.failure = True, self.failure or "released"
+        self.graph, self.static, self.static_out, self.gifts, self.given = None, (), (), (), ()
+        self.copied_in, self.addressed, self.views = (), (), {}
+        self.loans.clear()
 
     def refused(self):
         """Why this graph can never be captured, known before trying (a call's host work), or None."""

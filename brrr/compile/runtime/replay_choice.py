@@ -33,10 +33,13 @@ saved tensors, so it launches and replays in step with the forward, times nothin
 verdict; the forward's periods span whole steps, its backward included, whichever way that ran. A graph with no leader
 (inference, a backward whose forward decided before it first ran) times its own periods.
 A replay also costs memory: the graph's pool holds its activations, and a training forward's saved tensors stay
-in it between steps. With cuda_graphs="auto" a graph replays only if the process's peak allocated memory after
-the replays is within MEMORY_MARGIN of the peak after the launched calls (read, never reset: the user's own
-statistics stay theirs; the launched calls run first, so that peak bounds the launched step's). With
-cuda_graphs="fastest" time alone decides. Under several ranks the time rule alone decides, as the ranks agree.
+in it between steps. With cuda_graphs="auto" a graph replays only if the highest peak of allocated memory read
+after its replayed periods is within MEMORY_MARGIN of the highest read after its launched ones. The peak is the
+process's, read at each period's end and never reset (the user's statistics stay theirs): with no reset the
+launched periods' reading bounds the launched step, as they run first, and a caller that resets the peak every
+step makes each reading that step's. A graph turned down gives its memory back before the deciding call launches:
+left to the next call, a ResNet-18 training step launched beside its replayed graph's pool and peaked at 1699 MiB
+against 977 replayed (benchmarks/NOTES.md). With cuda_graphs="fastest" time alone decides. Under several ranks the time rule alone decides, as the ranks agree.
 A graph planned at symbolic sizes has a CUDA graph per shape, and a trial per shape: a short sequence can be
 host-bound where a long one is not. Every verdict is logged (`DECISIONS`), and `brrr explain` lists them.
 In a process group of several ranks (DDP, FSDP2) the ranks agree on each verdict, by the slowest rank's periods
@@ -101,10 +104,11 @@ class ReplayTrial:
     (outputs, whether they came from a replay). `label` (among_ranks.signature), given in a process group of
     several ranks: the name under which the ranks agree on this graph's verdict."""
 
-    def __init__(self, kind, leader=None, sizes=None, label=None, memory_bound=True):
+    def __init__(self, kind, leader=None, sizes=None, label=None, memory_bound=True, release=None):
         self.kind, self.leader, self.followers, self.sizes, self.label = kind, leader, [], sizes, label
         self.memory_bound = memory_bound   # whether a replay must keep the peak within MEMORY_MARGIN
-        self.peak_launched = None          # the process's peak once the launched calls ran
+        self.peaks = {False: None, True: None}   # launched? replayed? -> the highest peak read after such periods
+        self.release = release   # called on a verdict to launch, before anything launches: drops the CUDA graph
         if leader is not None:
             leader.followers.append(self)
         self.launched, self.replayed = [], []   # periods, seconds
@@ -140,8 +144,6 @@ class ReplayTrial:
             timing.host_open += time.perf_counter() - started
             return out, False
         if not self.captured:
-            if self.leader is None:
-                self.peak_launched = _peak()
             out = graphed(args)
             if out is None:   # capture failed, or an input read in place has moved
                 self._cannot_replay(getattr(graphed, "failure", None))
@@ -167,6 +169,8 @@ class ReplayTrial:
         if not replayed:
             self.hosts.append(self.host_open)
         self.open, self.host_open = None, 0.0
+        peak = _peak()   # read outside the timed period: reading the allocator's statistics takes time
+        self.peaks[replayed] = peak if self.peaks[replayed] is None else max(self.peaks[replayed], peak)
 
     def _cannot_replay(self, why=None):
         if self.leader is None and self.label is not None:   # the other ranks then launch it too
@@ -191,7 +195,7 @@ class ReplayTrial:
         with_backward = " over whole steps with its backward" if self.followers else ""
         reason = ("faster replayed" if faster else "as fast replayed, and launching holds the host" if host_bound
                   else "not faster replayed") + with_backward + ranks
-        peaks = (self.peak_launched, _peak()) if self.peak_launched is not None else None
+        peaks = (self.peaks[False], self.peaks[True]) if None not in self.peaks.values() else None
         costly = peaks is not None and peaks[1] > MEMORY_MARGIN * peaks[0]
         # ranks decide by one rule and their periods alone: a rank launching where another replays waits on it
         if (faster or host_bound) and costly and self.memory_bound and self.label is None:
@@ -204,13 +208,13 @@ class ReplayTrial:
     def _decide(self, replay, reason, launch_s=None, replay_s=None, host_s=None, peaks=None):
         self.replay = replay
         log(Decision(self.kind, replay, launch_s, replay_s, reason, self.sizes, host_s, peaks))
+        if not replay and self.release is not None:
+            self.release()   # before the deciding call launches: never a launched step beside the graph's memory
         for follower in self.followers:   # they replay only beside this graph's replays
             if follower.replay is None:
                 follower._decide(replay, f"as its {self.kind} graph", launch_s, replay_s, host_s, peaks)
 
 
 def _peak():
-    """The process's peak allocated bytes on the current device so far (never reset: the user's own statistics
-    stay theirs). Launched calls run first, so the peak after them bounds the launched step's; what the replays
-    add over it is what replaying costs this process."""
+    """The process's peak allocated bytes on the current device so far, as the caller left the statistics."""
     return MEMORY() if MEMORY is not None else torch.cuda.max_memory_allocated()
