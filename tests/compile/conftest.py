@@ -25,13 +25,18 @@ class FakeGraph:
     def pool(self):
         return ("pool of", id(self))   # a handle other captures may share
 
+    consumed = ()   # inputs a consuming capture freed into the pool: a real replay reuses their memory
+
     def replay(self):
         FakeGraph.replays += 1
         FakeGraph.replaying = True
         try:
-            for static, new in zip(self.outputs, self.call(self.args)):
+            for static, new in zip(self.outputs, self.call(list(self.args))):
                 if isinstance(static, torch.Tensor):   # a backward returns None for an input needing no gradient
                     _write(static, new)
+            for t in self.consumed:   # what the pool's later buffers leave there: a stale read gives NaN
+                if t.is_floating_point():
+                    t.fill_(float("nan"))
         finally:
             FakeGraph.replaying = False
 
@@ -73,6 +78,10 @@ def fake_cuda_graphs(monkeypatch):
         ok = capture(self, args)
         if ok:
             self.graph.call, self.graph.args, self.graph.outputs = self.call, self.static, self.static_out
+            if self.consume:   # those of the forward's pool (a view of a parameter is the caller's memory)
+                pooled = self.after().lent_ptrs
+                self.graph.consumed = [self.static[i] for i in self.pin
+                                       if self.static[i].untyped_storage().data_ptr() in pooled]
         return ok
     monkeypatch.setattr(GraphedCall, "_capture", capture_and_remember)
     yield FakeGraph

@@ -50,7 +50,9 @@ def test_lent_outputs_are_the_graphs_memory_and_pending_loans_get_copies(fake_cu
     x0, x1, x2, x3 = (torch.randn(3, 4) for _ in range(4))
     g = GraphedCall(double_and_sum, [x0, w], lend=(1,))
     out = g([x1, w])
-    assert out[1] is g.static_out[1] and out[0] is not g.static_out[0]
+    # the capture call lends the real tensor; the graph keeps an alias of its memory, which later replays lend
+    assert out[1].data_ptr() == g.static_out[1].data_ptr() and out[1] is not g.static_out[1]
+    assert out[0].data_ptr() != g.static_out[0].data_ptr()
     pending, done = torch.empty(0), torch.empty(0)   # markers: held by a backward's saved state
     loan = Loan([out[1]], pending)
     g.track(loan)
@@ -166,3 +168,47 @@ def test_a_forward_does_not_replay_over_gradients_its_backward_gave_out(fake_cud
     assert len(fw.sharers) == 1 and fw([x2, w]) is None
     del grad
     assert fw([x3, w]) is not None and not bw.give
+
+
+def test_a_forward_and_its_backward_hold_the_saved_tensors_once(fake_cuda_graphs):
+    """One pool per step: the backward captures into its forward's pool and consumes the saved tensors (freed at
+    their last use, their memory then the pool's to hand out), and neither graph keeps them: the forward holds
+    aliases of their memory (storages that free nothing), the loan hands them over. Counted by storage: once
+    the stand-in graph lets go of what its capture made (a real pool owns it), nothing holds them."""
+    import gc
+
+    w = torch.randn(4)
+
+    def forward(args):
+        x, w = args
+        h = x * w
+        return h.sum(), h.exp(), h * 3      # the output, then two saved tensors
+
+    def backward(args, owned=False):
+        e, h3, g = args
+        if owned:
+            args.clear()
+        return (e * h3 * g,)
+
+    x0 = torch.randn(3, 4)
+    fw = GraphedCall(forward, [x0, w], lend=(1, 2), static=(1,))
+    bw = GraphedCall(backward, [torch.randn(3, 4), torch.randn(3, 4), torch.ones(3, 4)], pin=(0, 1), after=fw,
+                     consume=True)
+    for step in range(3):
+        x = torch.randn(3, 4)
+        out = fw([x, w])
+        loan = Loan(out[1:], torch.empty(0))
+        args = loan.take() + [torch.ones(3, 4)]
+        del out
+        (grad,) = bw(args)
+        torch.testing.assert_close(grad, (x * w).exp() * x * w * 3)
+        assert loan.tensors == []
+        if step == 0:   # the capture: handed over, each freed at its last use (a replay reads aliases)
+            assert args == []
+            lent = fw.lent_at_capture
+            assert len(lent) == 2 and fw.lent_ptrs == {s.data_ptr() for s in fw.static_out[1:]}
+    own = {id(t.untyped_storage()) for g in (fw, bw) for t in (*g.static, *g.static_out) if t is not None}
+    del fw.graph.outputs, bw.graph.args, own   # the stand-in graph's references: a real pool's memory
+    gc.collect()
+    assert all(ref.expired() for ref in lent)   # nothing of brrr's held the saved tensors' storages
+    assert bw.graph.captured_into == fw.graph.pool()

@@ -196,10 +196,11 @@ def test_the_last_replay_of_a_rejected_graph_can_still_be_tracked(clock, fake_cu
     for i in range(replay_choice.TRIAL_CALLS - 1):
         out = graph([torch.full((4,), float(i)), w])
     assert graph.lent and graph.graphed is not None   # the last timed call replayed and lent its outputs
-    loan = Loan(out, torch.empty(0))
+    marker = torch.empty(0)   # its backward may still run
+    loan = Loan(out, marker)
     graph.track(loan)
-    graph([torch.full((4,), 0.0), w])   # the verdict: launch; the graph's memory stays while the loan holds it
-    assert graph.graphed is None and not graph.lent
+    graph([torch.full((4,), 0.0), w])   # the verdict: launch; the graph's memory goes, the loan gets copies first
+    assert graph.graphed is None and not graph.lent and loan.copied
     graph.track(Loan(out, torch.empty(0)))   # nothing left to overwrite it: a no-op
     torch.testing.assert_close(loan.tensors[0], torch.full((4,), float(replay_choice.TRIAL_CALLS - 2)) * w + 1)
 
@@ -390,14 +391,15 @@ def test_a_pair_turned_down_gives_its_memory_back_before_the_deciding_step_launc
 
 def test_a_backwards_launched_calls_free_their_inputs_in_the_trial_too(clock, fake_cuda_graphs):
     """A backward hands its saved tensors over (owns_inputs): every launched call after the checking one, the
-    trial's included, may free each at its last use; a capture and a replay keep them."""
+    trial's included, may free each at its last use, and so may its capture."""
     w = torch.randn(4)
     fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (1e-3, 5e-3), True: (50e-6, 5.1e-3)},
                             {False: (1e-3, 8e-3), True: (50e-6, 8.1e-3)})
     backward, owned = bw.call, []
 
     def owning_backward(args, owned_now=False):
-        owned.append((owned_now, fake_cuda_graphs.capturing or fake_cuda_graphs.replaying))
+        owned.append((owned_now, "capture" if fake_cuda_graphs.capturing else
+                      "replay" if fake_cuda_graphs.replaying else None))
         out = backward(args)
         if owned_now:
             args.clear()
@@ -407,4 +409,28 @@ def test_a_backwards_launched_calls_free_their_inputs_in_the_trial_too(clock, fa
     launched = [o for o, graphed in owned if not graphed]
     # the checking call keeps them: a kernel failing half-way has the call run again
     assert launched[0] is False and len(launched) >= 1 + replay_choice.SAMPLES + 2 and all(launched[1:])
-    assert not any(o for o, graphed in owned if graphed)
+    # the capture consumes them into the forward's pool (cuda_graphs.GraphedCall.consume); a replay reads them
+    assert [o for o, graphed in owned if graphed == "capture"] == [True]
+    assert not any(o for o, graphed in owned if graphed == "replay")
+
+
+def test_the_captures_step_counts_as_replaying_memory(clock, fake_cuda_graphs, monkeypatch):
+    """A replay allocates nothing (its memory is the pool's, allocated while capturing), so a harness resetting
+    the peak every step sees replayed steps at the launched level: the capture's step, at 1500 bytes against
+    1000, is what replaying costs, and the graph launches."""
+    w = torch.randn(4)
+    step = {"capture": False}
+    launch_call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
+
+    def call(args):
+        step["capture"] = step["capture"] or fake_cuda_graphs.capturing
+        return launch_call(args)
+    monkeypatch.setattr(replay_choice, "MEMORY", lambda: 1500 if step["capture"] else 1000)
+    graph = CompiledGraph(call, None, "", cuda_graphs="auto")
+    for i in range(replay_choice.TRIAL_CALLS):
+        graph([torch.full((4,), float(i)), w])
+        if not fake_cuda_graphs.capturing and step["capture"] and replay_choice.MEMORY() == 1500 and \
+                graph.trial is not None and not graph.trial.capture_unread:
+            step["capture"] = False   # the harness resets the peak after the capture's step was read
+    (decision,) = replay_choice.DECISIONS
+    assert not decision.replay and decision.peaks == (1000, 1500)

@@ -131,6 +131,7 @@ class CompiledGraph:
         self.give = False     # whether a replay gives its other outputs out as its memory (cuda_graphs.Given)
         self.lent = False     # whether the last call's outputs at those positions are the graph's own memory
         self.pin, self.pinned_ready = (), True   # inputs lent by another graph, and whether they still are
+        self.saved_kept = False   # whether those inputs are kept for another backward (retain_graph)
         self.lender = None    # that graph (a backward's forward): with "auto", its trial leads this one's
         # the caller hands its list of inputs over (a backward's saved tensors): a launched call empties it, so
         # each input's memory goes back at its last use; a first call, a trial or a replay keeps them
@@ -165,7 +166,7 @@ class CompiledGraph:
                 return self._run_trial(args)
             graphed = self.graphed
             if graphed is not None:
-                graphed.pinned_ready = self.pinned_ready
+                graphed.pinned_ready, graphed.saved_kept = self.pinned_ready, self.saved_kept
                 out = graphed(args)
                 if out is not None:
                     self.lent = bool(graphed.lend)
@@ -189,7 +190,8 @@ class CompiledGraph:
         shape's."""
         lender = self.lender.graphed if self.lender is not None and self.pool is None else None
         self.graphed = GraphedCall(self.call, args, self.lend, self.pin, pool=self.pool, after=lender,
-                                   static=self.static_inputs, give=self.give, host=self.host, first_ptrs=first_ptrs)
+                                   static=self.static_inputs, give=self.give, host=self.host, first_ptrs=first_ptrs,
+                                   consume=self.owns_inputs)
         self.trial = None
         if self.cuda_graphs in ("auto", "fastest"):
             leader = self.lender.trial if self.lender is not None else None
@@ -227,7 +229,7 @@ class CompiledGraph:
             return self._run(args)
         if torch.cuda.is_current_stream_capturing():   # inside the caller's own capture: just launch
             return self.call(args)
-        graphed.pinned_ready = self.pinned_ready
+        graphed.pinned_ready, graphed.saved_kept = self.pinned_ready, self.saved_kept
         # a launched call frees what it is handed at its last use, as outside the trial: held to the end, a
         # ResNet-18 training step's trial peaked at 1119 MiB against 932 (benchmarks/NOTES.md)
         launch = self._owned_call if self.owns_inputs else self.call

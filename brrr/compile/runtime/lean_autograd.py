@@ -270,17 +270,23 @@ def _training_callable(capture):
             tangents = [layout(grads[i], s) for i, s in zip(diff, tangent_strides)]
             # unpacked either way: a second backward after autograd freed this node raises here, as in eager
             saved = list(ctx.saved_tensors)
-            loan = getattr(ctx, "loan", None)
-            if loan is not None:
-                saved = loan.tensors
-            if lending:
-                bw_call.pinned_ready = loan is not None and not loan.copied
             # autograd holds the saved tensors until this returns unless they are released here (as AOTAutograd
             # does; kept where the graph is retained): then the list handed over is their last holder, and the
             # call frees each at its last use (Qwen2-0.5B training: ~0.5 GB of peak)
             release = getattr(ctx, "maybe_clear_saved_tensors", None)
-            if release is not None and loan is None:
+            loan = getattr(ctx, "loan", None)
+            if loan is not None:
+                del saved   # the loan's marker: released, it tells whether the graph is retained
+                if release is not None:
+                    release()
+                kept = release is None or loan.marker() is not None
+                # handed over unless another backward reads them again; a replay lent them in the graph's pool
+                saved = list(loan.tensors) if kept else loan.take()
+                bw_call.saved_kept = kept
+            elif release is not None:
                 release()
+            if lending:
+                bw_call.pinned_ready = loan is not None and not loan.copied
             args = saved + tangents
             del saved, tangents, loan
             with _amp_guard():

@@ -32,9 +32,11 @@ A training forward leads its backward: the backward can replay only while its fo
 saved tensors, so it launches and replays in step with the forward, times nothing, and takes the forward's
 verdict; the forward's periods span whole steps, its backward included, whichever way that ran. A graph with no leader
 (inference, a backward whose forward decided before it first ran) times its own periods.
-A replay also costs memory: the graph's pool holds its activations, and a training forward's saved tensors stay
-in it between steps. With cuda_graphs="auto" a graph replays only if the highest peak of allocated memory read
-after its replayed periods is within MEMORY_MARGIN of the highest read after its launched ones. The peak is the
+A replay also costs memory: the graph's pool keeps the memory of everything the graph allocated, its outputs'
+and, between steps, a training forward's saved tensors'. With cuda_graphs="auto" a graph replays only if the
+highest peak of allocated memory read after its capture's step and its replayed periods is within MEMORY_MARGIN
+of the highest read after its launched ones (a replay allocates nothing: its memory was allocated, and counted,
+when the capture ran). The peak is the
 process's, read at each period's end and never reset (the user's statistics stay theirs): with no reset the
 launched periods' reading bounds the launched step, as they run first, and a caller that resets the peak every
 step makes each reading that step's. A graph turned down gives its memory back before the deciding call launches:
@@ -115,6 +117,7 @@ class ReplayTrial:
         self.hosts = []          # host seconds in the launched calls of each launched period
         self.host_open = 0.0     # ... of the period still running
         self.captured = False
+        self.capture_unread = False   # the capture's step has not had its peak read yet
         self.replaying = False   # whether this call of the trial replays (a follower reads its leader's)
         self.replay = None
         self.open = None   # (start, replayed) of the call whose period is still running
@@ -125,6 +128,9 @@ class ReplayTrial:
             if refused:   # no launched call timed against a replay that can never be
                 self._cannot_replay(refused)
                 return call(args), False
+            if self.capture_unread:   # the capture's step allocates the graph's whole working set; a replay
+                self._read_peak(True)   # reuses that memory from the pool and allocates nothing
+                self.capture_unread = False
             self._close_period()
             if len(self.launched) >= SAMPLES and len(self.replayed) >= SAMPLES:
                 self._decide_by_periods()
@@ -149,6 +155,7 @@ class ReplayTrial:
                 self._cannot_replay(getattr(graphed, "failure", None))
                 return call(args), False
             self.captured = True
+            self.capture_unread = self.leader is None
             return out, True
         if self.leader is None:
             self.open = (time.perf_counter(), True)
@@ -169,7 +176,10 @@ class ReplayTrial:
         if not replayed:
             self.hosts.append(self.host_open)
         self.open, self.host_open = None, 0.0
-        peak = _peak()   # read outside the timed period: reading the allocator's statistics takes time
+        self._read_peak(replayed)
+
+    def _read_peak(self, replayed):
+        peak = _peak()   # read outside the timed periods: reading the allocator's statistics takes time
         self.peaks[replayed] = peak if self.peaks[replayed] is None else max(self.peaks[replayed], peak)
 
     def _cannot_replay(self, why=None):
