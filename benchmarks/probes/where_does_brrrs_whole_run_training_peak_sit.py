@@ -16,7 +16,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "sweep"), os.path.join(HERE, "..", "zoo")]
 
-STEPS = 40
+STEPS = int(os.environ.get("PROBE_STEPS", 40))
 MiB = 2**20
 
 
@@ -78,7 +78,7 @@ def one(name):
     import catalog
     from brrr.bench.backends import fresh_compile
     from brrr.bench.step import make_cotangents
-    from measure import SweepStep, _optimizer, release
+    from measure import SweepStep, Weights, _optimizer, release
 
     config = next(c for c in catalog.all_configs() if c.name == name)
     device = torch.device("cuda")
@@ -87,7 +87,9 @@ def one(name):
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=config.precision == "amp"):
         cot = [make_cotangents(work.model(*i)) for i in inputs]
     base = torch.cuda.memory_allocated()
-    for backend in ("eager", "inductor", "brrr"):
+    weights = Weights(work.model)
+    backends = os.environ.get("PROBE_BACKENDS", "eager,brrr").split(",")
+    for backend in backends:
         release(device)
         torch.cuda.reset_peak_memory_stats()
         traced = backend == "brrr"
@@ -131,6 +133,19 @@ def one(name):
             from brrr.compile.runtime import replay_choice
             for d in replay_choice.DECISIONS:
                 print(f"  verdict: {d}")
+            # a replayed step's values against eager's from the same weights (the saved tensors a consuming
+            # backward reads in place must be the forward's, not what the pool's later buffers left there)
+            got, want = [], []
+            for stepper in (step, SweepStep(work.model, work.model, inputs, True, cot,
+                                            autocast=config.precision == "amp")):
+                weights.restore()
+                outs, grads = stepper.run_at(0)
+                (got if stepper is step else want).append([g.float() for g in grads if g is not None])
+            errors = [((a - b).norm() / b.norm().clamp_min(1e-12)).item() for a, b in zip(got[0], want[0])]
+            flat = [torch.cat([g.flatten() for g in gs]) for gs in (got[0], want[0])]
+            whole = ((flat[0] - flat[1]).norm() / flat[1].norm()).item()
+            print(f"  gradients of a brrr step against eager's: all together {whole:.2e}, the worst one "
+                  f"{max(errors):.2e} over {len(errors)}, NaN: {any(e != e for e in errors)}")
         del step, fn
         torch._dynamo.reset()
 

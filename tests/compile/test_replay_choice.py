@@ -333,29 +333,6 @@ def test_a_faster_replay_that_raises_the_peak_launches_unless_asked_for_speed(cl
         assert "raised the peak memory" in decision.reason
 
 
-def test_a_caller_resetting_the_peak_each_step_is_judged_by_each_steps_peak(clock, fake_cuda_graphs, monkeypatch):
-    """A harness that resets the peak statistics before every step: launched steps peak at 1000 bytes, replayed
-    ones at 1050 (inside the 10%), and right after a reset the peak reads what lives between steps (100). Each
-    period's end reads that period's step, so the replay is judged against 1000, not against 100."""
-    start = fake_cuda_graphs.replays
-    state = {"reset": False}
-
-    def peak():
-        if state["reset"]:
-            return 100
-        return 1050 if fake_cuda_graphs.replays > start else 1000
-    monkeypatch.setattr(replay_choice, "MEMORY", peak)
-    w = torch.randn(4)
-    call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
-    graph = CompiledGraph(call, None, "", cuda_graphs="auto")
-    for i in range(replay_choice.TRIAL_CALLS):
-        state["reset"] = i == 1 + replay_choice.SAMPLES   # a reset just before the capture's step
-        graph([torch.full((4,), float(i)), w])
-        state["reset"] = False
-    (decision,) = replay_choice.DECISIONS
-    assert decision.replay and decision.peaks == (1000, 1050)
-
-
 def test_a_pair_turned_down_gives_its_memory_back_before_the_deciding_step_launches(clock, fake_cuda_graphs):
     """The verdict comes at the start of a forward call: both graphs' outputs (the saved tensors lent, the
     gradients given) are released before that call launches, so the launched step never sits beside them."""
@@ -414,23 +391,24 @@ def test_a_backwards_launched_calls_free_their_inputs_in_the_trial_too(clock, fa
     assert not any(o for o, graphed in owned if graphed == "replay")
 
 
-def test_the_captures_step_counts_as_replaying_memory(clock, fake_cuda_graphs, monkeypatch):
-    """A replay allocates nothing (its memory is the pool's, allocated while capturing), so a harness resetting
-    the peak every step sees replayed steps at the launched level: the capture's step, at 1500 bytes against
-    1000, is what replaying costs, and the graph launches."""
-    w = torch.randn(4)
-    step = {"capture": False}
-    launch_call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
+@pytest.mark.parametrize("captured, replays", [(1050, True), (1500, False)])
+def test_a_caller_resetting_the_peak_each_step_is_judged_by_each_steps_peak(clock, fake_cuda_graphs, monkeypatch,
+                                                                           captured, replays):
+    """A harness resets the peak before every step (it then reads the 100 bytes alive between steps). Launched
+    steps peak at 1000 bytes; a replay allocates nothing (its memory is the pool's, allocated while capturing),
+    so the capture's step is what replaying costs: at 1050 the graph replays, at 1500 it launches."""
+    state = {"peak": 0}
+    costed = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
 
     def call(args):
-        step["capture"] = step["capture"] or fake_cuda_graphs.capturing
-        return launch_call(args)
-    monkeypatch.setattr(replay_choice, "MEMORY", lambda: 1500 if step["capture"] else 1000)
+        level = captured if fake_cuda_graphs.capturing else 100 if fake_cuda_graphs.replaying else 1000
+        state["peak"] = max(state["peak"], level)
+        return costed(args)
+    monkeypatch.setattr(replay_choice, "MEMORY", lambda: state["peak"])
+    w = torch.randn(4)
     graph = CompiledGraph(call, None, "", cuda_graphs="auto")
     for i in range(replay_choice.TRIAL_CALLS):
+        state["peak"] = 100
         graph([torch.full((4,), float(i)), w])
-        if not fake_cuda_graphs.capturing and step["capture"] and replay_choice.MEMORY() == 1500 and \
-                graph.trial is not None and not graph.trial.capture_unread:
-            step["capture"] = False   # the harness resets the peak after the capture's step was read
     (decision,) = replay_choice.DECISIONS
-    assert not decision.replay and decision.peaks == (1000, 1500)
+    assert decision.replay is replays and decision.peaks == (1000, captured)

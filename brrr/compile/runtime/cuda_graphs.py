@@ -88,7 +88,8 @@ def data_ptrs(args):
 
 
 def input_views(inputs, outputs, slots):
-    """{output position: input position} for outputs that share memory with an input read in place."""
+    """{output position: input position} for outputs that share memory with an input read in place (slot
+    "address"; a "consumed" input was freed inside the graph, and its memory may be an output's since)."""
     storages = {a.untyped_storage().data_ptr(): j for j, (a, slot) in enumerate(zip(inputs, slots))
                 if slot == "address" and a.untyped_storage().nbytes() > 0}
     return {i: storages[o.untyped_storage().data_ptr()] for i, o in enumerate(outputs)
@@ -391,7 +392,10 @@ class GraphedCall:
                 raise
             if self.pool is not None and pool is None:
                 self.pool.handle = graph.pool()
-            self.views = input_views(self.static, self.static_out, self.slots)
+            # a consumed input's memory may come back as an output's (the pool reused it): never a view of it
+            self.views = input_views(self.static, self.static_out,
+                                     [("consumed" if self.consume and i in self.pin else slot)
+                                      for i, slot in enumerate(self.slots)])
             # per replay: the inputs that must not have moved, those copied in, the outputs copied out
             self.addressed = [(i, ptr) for i, (slot, ptr) in enumerate(zip(self.slots, self.static_ptrs))
                               if slot == "address"]

@@ -32,14 +32,13 @@ A training forward leads its backward: the backward can replay only while its fo
 saved tensors, so it launches and replays in step with the forward, times nothing, and takes the forward's
 verdict; the forward's periods span whole steps, its backward included, whichever way that ran. A graph with no leader
 (inference, a backward whose forward decided before it first ran) times its own periods.
-A replay also costs memory: the graph's pool keeps the memory of everything the graph allocated, its outputs'
-and, between steps, a training forward's saved tensors'. With cuda_graphs="auto" a graph replays only if the
-highest peak of allocated memory read after its capture's step and its replayed periods is within MEMORY_MARGIN
-of the highest read after its launched ones (a replay allocates nothing: its memory was allocated, and counted,
-when the capture ran). The peak is the
-process's, read at each period's end and never reset (the user's statistics stay theirs): with no reset the
-launched periods' reading bounds the launched step, as they run first, and a caller that resets the peak every
-step makes each reading that step's. A graph turned down gives its memory back before the deciding call launches:
+A replay also costs memory: the graph's pool keeps the memory of everything the graph allocated. With
+cuda_graphs="auto" a graph replays only if the highest peak of allocated memory read after its capture and its
+replays is within MEMORY_MARGIN of the highest read after its launched calls (a replay allocates nothing: its
+memory was allocated, and counted, when the capture ran). The peak is the process's, read at the end of each
+step's last graph (a backward, or a graph leading none) and never reset (the user's statistics stay theirs):
+with no reset the launched calls' reading bounds the launched step, as they run first, and a caller that resets
+the peak every step makes each reading that step's. A graph turned down gives its memory back before the deciding call launches:
 left to the next call, a ResNet-18 training step launched beside its replayed graph's pool and peaked at 1699 MiB
 against 977 replayed (benchmarks/NOTES.md). With cuda_graphs="fastest" time alone decides. Under several ranks the time rule alone decides, as the ranks agree.
 A graph planned at symbolic sizes has a CUDA graph per shape, and a trial per shape: a short sequence can be
@@ -117,20 +116,28 @@ class ReplayTrial:
         self.hosts = []          # host seconds in the launched calls of each launched period
         self.host_open = 0.0     # ... of the period still running
         self.captured = False
-        self.capture_unread = False   # the capture's step has not had its peak read yet
+        self.paused = 0.0   # seconds of the open period spent reading the peak
         self.replaying = False   # whether this call of the trial replays (a follower reads its leader's)
         self.replay = None
         self.open = None   # (start, replayed) of the call whose period is still running
 
     def run(self, call, graphed, args):
+        out = self._run(call, graphed, args)
+        timing = self if self.leader is None else self.leader
+        if timing.replay is None and (self.leader is not None or not self.followers):
+            # the end of a step's last graph (a backward, or a graph leading none): the step's peak, read however
+            # the caller resets the statistics between steps; the reading's time leaves the period
+            started = time.perf_counter()
+            timing._read_peak(timing.replaying)
+            timing.paused += time.perf_counter() - started
+        return out
+
+    def _run(self, call, graphed, args):
         if self.leader is None:
             refused = graphed.refused() if not (self.launched or self.open or self.captured) else None
             if refused:   # no launched call timed against a replay that can never be
                 self._cannot_replay(refused)
                 return call(args), False
-            if self.capture_unread:   # the capture's step allocates the graph's whole working set; a replay
-                self._read_peak(True)   # reuses that memory from the pool and allocates nothing
-                self.capture_unread = False
             self._close_period()
             if len(self.launched) >= SAMPLES and len(self.replayed) >= SAMPLES:
                 self._decide_by_periods()
@@ -155,7 +162,6 @@ class ReplayTrial:
                 self._cannot_replay(getattr(graphed, "failure", None))
                 return call(args), False
             self.captured = True
-            self.capture_unread = self.leader is None
             return out, True
         if self.leader is None:
             self.open = (time.perf_counter(), True)
@@ -172,14 +178,13 @@ class ReplayTrial:
             return
         torch.cuda.synchronize()   # the period ends once the GPU has done everything queued since it began
         start, replayed = self.open
-        (self.replayed if replayed else self.launched).append(time.perf_counter() - start)
+        (self.replayed if replayed else self.launched).append(time.perf_counter() - start - self.paused)
         if not replayed:
             self.hosts.append(self.host_open)
-        self.open, self.host_open = None, 0.0
-        self._read_peak(replayed)
+        self.open, self.host_open, self.paused = None, 0.0, 0.0
 
     def _read_peak(self, replayed):
-        peak = _peak()   # read outside the timed periods: reading the allocator's statistics takes time
+        peak = _peak()
         self.peaks[replayed] = peak if self.peaks[replayed] is None else max(self.peaks[replayed], peak)
 
     def _cannot_replay(self, why=None):
