@@ -150,7 +150,7 @@ class ReplayTrial:
             self.replaying = self.leader.replaying   # in step with its forward
         if not self.replaying:
             if self.leader is None:
-                self.open = (time.perf_counter(), False)
+                self.open, self.paused = (time.perf_counter(), False), 0.0
             started = time.perf_counter()
             out = call(args)
             timing = self if self.leader is None else self.leader
@@ -164,7 +164,7 @@ class ReplayTrial:
             self.captured = True
             return out, True
         if self.leader is None:
-            self.open = (time.perf_counter(), True)
+            self.open, self.paused = (time.perf_counter(), True), 0.0
         out = graphed(args)
         if out is not None:
             return out, True
