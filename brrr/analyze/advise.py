@@ -21,7 +21,10 @@ FASTER_MODE_MARGIN = 1.2          # a precision mode must be this much faster th
 
 
 def advice_item(kind, message, predicted_saving_s, **detail):
-    return {"kind": kind, "message": message, "predicted_saving_s": max(float(predicted_saving_s), 0.0), **detail}
+    """One piece of advice. `basis`: "predicted" (from the cost model) until verify.py measures its remedy, then
+    "measured" with `measured_saving_s` beside the prediction."""
+    return {"kind": kind, "message": message, "predicted_saving_s": max(float(predicted_saving_s), 0.0),
+            "basis": "predicted", **detail}
 
 
 def short_name(op_name):

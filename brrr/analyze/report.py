@@ -127,6 +127,26 @@ def fmt_signed_seconds(s):
     return "-" if s is None else ("-" if s < 0 else "") + fmt_seconds(abs(s))
 
 
+ADVICE_COLUMNS = ["kind", "saves", "known by", "what"]
+
+
+def advice_rows(analysis):
+    """[kind, saving, how the saving is known, what] per piece of advice: a measured saving with its prediction
+    beside it, or a prediction."""
+    rows = []
+    for a in analysis.advice:
+        if a.get("basis") == "measured":
+            saves = fmt_seconds(a["measured_saving_s"])
+            predicted = a["predicted_saving_s"]
+            known = "measured" + (" (no prediction)" if a.get("unpredicted") else
+                                  f" (predicted a loss of {fmt_seconds(-predicted)})" if predicted < 0 else
+                                  f" (predicted {fmt_seconds(predicted)})")
+        else:
+            saves, known = fmt_seconds(a["predicted_saving_s"]), "predicted"
+        rows.append([a["kind"], saves, known, a["message"]])
+    return rows
+
+
 def verify_rows(analysis):
     """[remedy kind, predicted (* = calibrated), measured, saving, error, compile, verdict] per remedy."""
     rows = []
@@ -231,13 +251,12 @@ def print_report(analysis, console, top=15):
         for note in verify_notes(analysis):
             console.print(escape(note))
     if analysis.advice:
-        rows = [[escape(a["kind"]), fmt_seconds(a["predicted_saving_s"]), escape(a["message"])]
-                for a in analysis.advice]
-        console.print(_table("Advice", ["kind", "saves", "what"], rows, right={"saves"}, wrap={"what"}))
+        rows = [[escape(c) for c in row] for row in advice_rows(analysis)]
+        console.print(_table("Advice", ADVICE_COLUMNS, rows, right={"saves"}, wrap={"what", "known by"}))
     else:
         lost = analysis.verify and any(row["status"] == "loss" for row in analysis.verify["remedies"])
-        console.print("No advice: what was advised measured no faster (see above)." if lost else
-                      "No advice: nothing fusible, no fp32 matmuls to speed up, overhead is small.")
+        console.print("No advice: no remedy measured faster (see above), and nothing else is predicted to be."
+                      if lost else "No advice: nothing fusible, no fp32 matmuls to speed up, overhead is small.")
 
 
 # --- roofline plot ------------------------------------------------------------------------------------------------
@@ -314,7 +333,6 @@ def html_report(analysis, top=25):
     regime_rows = [[k, fmt_seconds(analysis.regimes[k]), fmt_pct(analysis.regimes[k] / wall)] for k in REGIMES]
     class_rows = [[cls, c["ops"], f"{c['flops_pct']:.2f}%", f"{c['time_pct']:.1f}%"]
                   for cls, c in analysis.op_classes.items()]
-    advice_rows = [[a["kind"], fmt_seconds(a["predicted_saving_s"]), a["message"]] for a in analysis.advice]
     parts = [
         f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>brrr analyze</title>"
         f"<style>{STYLE}</style></head><body>\n",
@@ -326,7 +344,7 @@ def html_report(analysis, top=25):
         _html_table(f"Top {len(op_rows)} ops by time", columns, op_rows),
         _html_table("Top modules by time", MODULE_COLUMNS, module_rows(analysis, top=15)),
         _html_table("Operator classes", ["class", "ops", "% FLOPs", "% runtime"], class_rows),
-        _html_table("Advice", ["kind", "saves", "what"], advice_rows),
+        _html_table("Advice", ADVICE_COLUMNS, advice_rows(analysis)),
     ]
     if analysis.verify:
         parts.append(_html_table("Remedies applied and measured", VERIFY_COLUMNS, verify_rows(analysis)))

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from brrr.analyze import calibration
+from brrr.analyze.advise import advice_item
 from brrr.analyze.progress import step_bar
 from brrr.analyze.step import Step
 from brrr.analyze.timing import dynamo_frames_compiled, timed_runs
@@ -313,23 +314,43 @@ def _judge(row, analysis, baseline_s, table):
 
 
 def _apply_verdicts(advice, rows):
-    """Measurements onto the advice of the same kind; a loss's advice dropped (for compile, fusion too)."""
+    """The advice rebuilt from the measurements: every remedy that measured a gain, ranked by its measured
+    saving (its prediction beside it, and advised even where the cost model predicted no gain); then what was
+    predicted but not measured, by predicted saving, marked as predictions. A measured loss is never advised
+    (for compile, nor the fusion advice that says brrr.compile does it)."""
     by_kind = {row.kind: row for row in rows if row.status in ("gain", "loss")}
     lost = {kind for kind, row in by_kind.items() if row.status == "loss"}
     if "compile" in lost:
         lost.add("fuse")  # fusion advice says brrr.compile does it
-    kept = []
+    measured, predicted, advised = [], [], set()
     for item in advice:
         if item["kind"] in lost:
             continue
         row = by_kind.get(item["kind"])
-        if row is not None:
-            item["measured_s"] = row.measured_s
-            item["measured_saving_s"] = row.saving_s
-            item["prediction_error"] = row.prediction_error
-        kept.append(item)
-    advice[:] = kept
+        if row is None:
+            predicted.append(item)
+            continue
+        _measured(item, row)
+        measured.append(item)
+        advised.add(row.kind)
+    for row in rows:
+        if row.status == "gain" and row.kind not in advised:
+            item = advice_item(row.kind, f"{row.remedy} (measured on a copy of the model)",
+                               row.predicted_saving_s or 0.0)
+            measured.append(_measured(item, row))
+            advised.add(row.kind)
+    measured.sort(key=lambda a: -a["measured_saving_s"])
+    predicted.sort(key=lambda a: -a["predicted_saving_s"])
+    advice[:] = measured + predicted
     return advice
+
+
+def _measured(item, row):
+    item.update(basis="measured", measured_s=row.measured_s, measured_saving_s=row.saving_s,
+                prediction_error=row.prediction_error,
+                predicted_saving_s=row.predicted_saving_s if row.predicted_saving_s is not None else
+                item["predicted_saving_s"], unpredicted=row.predicted_saving_s is None)
+    return item
 
 
 def verify(analysis, model, inputs, train=False, device=None, remedies=None, progress=False, table=None,

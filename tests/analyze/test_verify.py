@@ -201,3 +201,78 @@ def test_the_cli_passes_verify_to_analyze(monkeypatch, tmp_path):
     assert seen["verify"] is True
     # the remedies are timed after the analysis: CUPTI must not stay attached, slowing every launch
     assert "TEARDOWN_CUPTI" not in os.environ
+
+
+class Tagged(Remedy):
+    """A remedy whose step the test-double timer times by its kind."""
+
+    def __init__(self, kind):
+        self.kind, self.label = kind, f"the {kind} remedy"
+
+    def prepare(self, model, inputs, target):
+        prepared = Prepared(model, inputs, warmup_calls=1)
+        prepared.tag = self.kind
+        return prepared
+
+
+@pytest.fixture
+def timed_by_kind(monkeypatch):
+    """verify.measure replaced: the baseline takes 10 ms a step, each Tagged remedy what the test says."""
+    from brrr.analyze import verify as verify_mod
+
+    times = {}
+    monkeypatch.setattr(verify_mod, "measure",
+                        lambda prepared, train, device, runs=None: (times.get(getattr(prepared, "tag", None), 10e-3),
+                                                                   0.0))
+    return times
+
+
+def test_advice_is_every_measured_gain_ranked_by_measured_saving(fresh_mlp_analysis, mlp_target, timed_by_kind):
+    """batch was predicted a loss and measured the largest gain; compile was predicted the largest gain and measured
+    a smaller one; bf16 measured a loss; fusion advice was never measured. The advice: batch, then compile (each with
+    its prediction beside the measurement), then fusion as a prediction; bf16 never."""
+    from brrr.analyze.predict import Prediction
+
+    analysis = fresh_mlp_analysis
+    wall = analysis.wall_time_s
+    analysis.predictions = {"batch": Prediction("batch", wall * 1.3, "a slower doubled batch", 1.0),
+                            "compile": Prediction("compile", wall / 2, "half the step", 1.0),
+                            "bf16": Prediction("bf16", wall * 3 / 4, "faster matmuls", 1.0)}
+    timed_by_kind.update(batch=4e-3, compile=7e-3, bf16=12e-3)
+    model, inputs = mlp_target
+    verify(analysis, model, inputs, remedies=[Tagged("compile"), Tagged("batch"), Tagged("bf16")], table={},
+           record=False)
+    kinds = [a["kind"] for a in analysis.advice]
+    assert kinds == ["batch", "compile", "fuse"]
+    batch, compile_, fuse = analysis.advice
+    assert batch["basis"] == compile_["basis"] == "measured" and fuse["basis"] == "predicted"
+    assert batch["measured_saving_s"] == pytest.approx(6e-3) and compile_["measured_saving_s"] == pytest.approx(3e-3)
+    assert batch["predicted_saving_s"] == pytest.approx(10e-3 - (wall * 1.3 + 10e-3 - wall))   # a loss, predicted
+    assert batch["prediction_error"] > 0 and "the batch remedy" in batch["message"]
+    out = io.StringIO()
+    analysis.print(Console(file=out, width=120), top=3)
+    advice = out.getvalue().split("Advice")[-1]
+    assert advice.index("batch") < advice.index("compile") < advice.index("fuse")
+    lines = {line.split()[0]: line for line in advice.splitlines() if line.strip()[:5] in ("batch", "compi", "fuse ")}
+    assert "6 ms" in lines["batch"] and "measured (predicted a loss of" in lines["batch"]
+    assert "3 ms" in lines["compile"] and "measured (predicted " in lines["compile"]
+    assert "predicted" in lines["fuse"] and "measured" not in lines["fuse"]
+    assert "bf16" not in advice
+    from brrr.analyze.report import html_report
+
+    assert "measured (predicted" in html_report(analysis).split("Advice")[-1].split("Remedies")[0]
+    saved = json.loads(analysis.to_json())["advice"]
+    assert [a["basis"] for a in saved] == ["measured", "measured", "predicted"]
+
+
+def test_a_gain_with_no_prediction_is_advised_as_measured(fresh_mlp_analysis, mlp_target, timed_by_kind):
+    analysis = fresh_mlp_analysis
+    analysis.predictions = {}
+    timed_by_kind.update({"channels-last": 5e-3})
+    model, inputs = mlp_target
+    verify(analysis, model, inputs, remedies=[Tagged("channels-last")], table={}, record=False)
+    first = analysis.advice[0]
+    assert first["kind"] == "channels-last" and first["basis"] == "measured" and first["unpredicted"]
+    out = io.StringIO()
+    analysis.print(Console(file=out, width=120), top=3)
+    assert "measured (no prediction)" in out.getvalue().split("Advice")[-1]
