@@ -7,6 +7,7 @@ The pipeline, one module per stage:
     timing.py    torch.profiler: per-op device (CUDA) or host (CPU) time, wall time, device busy time
     kernels.py   kernels compiled code launched outside the ops, priced from brrr's kernel registry
     regimes.py   roofline floor and regime per op / module / run; the op-class table
+    graphs.py    the graphs, breaks and guards Dynamo cuts the step into (priced per graph call by predict.py)
     predict.py   one predicted step time per remedy brrr can apply (compile, CUDA graphs, TF32, ...)
     advise.py    fusion, overhead and precision advice, each with a predicted saving
     calibration.py  per device and remedy kind, how far off predictions were: the correction applied
@@ -24,6 +25,7 @@ from brrr.analyze.analysis import Analysis
 from brrr.analyze.progress import step_bar
 from brrr.callable_package import make_callable
 from brrr.analyze.capture import OpRecord, gc_paused, record_step, step_range, trace_names
+from brrr.analyze.graphs import graph_structure
 from brrr.analyze.kernels import kernel_records
 from brrr.analyze.replay import expected_ops, match_ops, model_state, span_seconds
 from brrr.analyze.step import KnownStep, KnownSteps, Step, resolve_device
@@ -189,10 +191,14 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
             busy = statistics.median(busys)
 
         stage("classify")
+        # a host-bound step pays per compiled graph: count the graphs Dynamo would cut it into (graphs.py).
+        # Counted on every step, not only on those measured host-bound: a decision on noisy times would differ
+        # from one analysis to the next
+        structure = graph_structure(model, inputs)
         with gc_paused():  # thousands of small objects per analysis: no collection in the middle of them
             analysis = Analysis.from_measurements(records, ceilings, wall, busy, train=train,
                                                   tf32_enabled=_tf32_enabled(device),
-                                                  timeline=_record_timeline(timeline, ops))
+                                                  timeline=_record_timeline(timeline, ops), structure=structure)
     table = calibration.load_table(analysis.device) if calibrate else {}
     calibration.calibrate_advice(analysis.advice, table, analysis.wall_time_s)
     if verify:  # after the stage bar: rich shows one live display at a time

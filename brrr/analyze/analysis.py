@@ -30,23 +30,25 @@ class Analysis:
     timeline: list = None        # the traced run's slices (track, start_ns, end_ns, op index, name); trace.py
     predictions: dict = field(default_factory=dict)  # remedy kind -> predict.Prediction (uncalibrated)
     verify: dict | None = None   # verify.verify's measurements of the remedies, when run
+    structure: object = None     # graphs.GraphStructure of a host-bound step (its Dynamo graphs), where counted
 
     @classmethod
     def from_measurements(cls, records, ceilings, wall_time_s, busy_time_s=None, train=False, tf32_enabled=None,
-                          timeline=None):
+                          timeline=None, structure=None):
         """Classify measured records and advise; `records` get their roofline floor and regime filled in."""
         regimes_mod.place_ops(records, ceilings)
         if busy_time_s is None:
             busy_time_s = sum(r.time_s for r in records)
         split = regimes_mod.run_split(records, wall_time_s, busy_time_s)
-        predictions = predict_mod.predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train, tf32_enabled)
+        predictions = predict_mod.predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train, tf32_enabled,
+                                                structure)
         advice = advise_mod.advise(records, ceilings, split, wall_time_s, busy_time_s, tf32_enabled, predictions)
         return cls(
             device=ceilings.device, kind=ceilings.kind, train=train, ops=records, ceilings=ceilings,
             wall_time_s=wall_time_s, busy_time_s=busy_time_s, regimes=split,
             regime=regimes_mod.dominant_regime(split), op_classes=regimes_mod.op_class_table(records),
             modules=regimes_mod.module_regimes(records), advice=advice, timeline=timeline,
-            predictions=predictions,
+            predictions=predictions, structure=structure,
         )
 
     def to_dict(self):

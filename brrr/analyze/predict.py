@@ -12,8 +12,9 @@ figures; advise.py quotes the same figures, so advice and its verification agree
   FUSED_BANDWIDTH_FRACTION of the copy bandwidth, and takes no less than the step's shortest kernel and no
   more than its ops did. That is the device time; op times are scaled to the plain step's busy time first (as
   regimes.run_split does). The host launches each kernel at the measured launch latency, views cost nothing,
-  and each compiled graph call pays COMPILED_CALL_S (Dynamo's guards, AOTAutograd's wrapper); the step takes
-  the longer of the two. `brrr.compile`'s default replays a graph where that is faster, so its prediction is
+  and each compiled graph call pays COMPILED_CALL_S (AOTAutograd's wrapper) and GUARD_S per guard it checks,
+  for every graph Dynamo cuts the step into (graphs.py counts them on host-bound steps; else one, forward and
+  backward in training); the step takes the longer of the two. `brrr.compile`'s default replays a graph where that is faster, so its prediction is
   the lesser of the launched and the replayed one (on CUDA).
 - "cuda-graphs" (`brrr.compile(model, cuda_graphs=True)`): the compiled device time plus one replay launch and
   the call's cost: no launch gaps.
@@ -40,6 +41,8 @@ FUSED_BANDWIDTH_FRACTION = 0.85
 # host cost of one call of a compiled graph beyond its launches: Dynamo's guards and AOTAutograd's runtime
 # wrapper. An assumption (tens of microseconds on the H100 hosts), corrected by calibration where it matters
 COMPILED_CALL_S = 30e-6
+# host cost of one guard a compiled graph's call checks (Dynamo's C++ guards: tens of nanoseconds); an assumption
+GUARD_S = 50e-9
 
 
 @dataclass(frozen=True)
@@ -114,19 +117,25 @@ def _channels_last_seconds(records):
     return saved
 
 
-def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=False, tf32_enabled=None):
-    """{kind: Prediction} for every kind of REMEDY_KINDS that can be priced on this device."""
+def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=False, tf32_enabled=None,
+                  structure=None):
+    """{kind: Prediction} for every kind of REMEDY_KINDS that can be priced on this device. `structure`: the
+    graphs.GraphStructure of the model (its graphs, breaks and guards), where counted; else one graph."""
     wall = max(wall_time_s, 0.0)
     device, launches = compiled_program(records, ceilings, wall, busy_time_s)
-    graphs = 2 if train else 1  # AOTAutograd's forward and backward
-    host = launches * ceilings.launch_latency + graphs * COMPILED_CALL_S
+    per_call = 2 if train else 1  # AOTAutograd's forward and backward per Dynamo graph
+    graphs = per_call * (structure.graphs if structure is not None else 1)
+    call_s = COMPILED_CALL_S + (structure.guards / max(structure.graphs, 1) * GUARD_S if structure else 0.0)
+    host = launches * ceilings.launch_latency + graphs * call_s
     launched = max(device, host)
     fused = f"{launches} kernels, {device * 1e3:.3g} ms on the device after fusion"
+    if structure is not None:
+        fused += f", {structure}"
     preds = {
         "inductor": Prediction("inductor", launched, f"{fused}, launched from the host ({host * 1e3:.3g} ms)"),
     }
     if ceilings.kind == "cuda":
-        replayed = device + graphs * (ceilings.launch_latency + COMPILED_CALL_S)
+        replayed = device + graphs * (ceilings.launch_latency + call_s)
         preds["cuda-graphs"] = Prediction("cuda-graphs", replayed, f"{fused}, replayed without launch gaps")
         best = min(launched, replayed)
         preds["compile"] = Prediction("compile", best, f"{fused}, launched ({launched * 1e3:.3g} ms) or replayed "

@@ -6,6 +6,7 @@ embeds the PNG as base64 next to the tables.
 """
 
 import base64
+import dataclasses
 import html
 import io
 import math
@@ -113,6 +114,7 @@ def analysis_dict(analysis):
         "regimes": {k: float(analysis.regimes[k]) for k in REGIMES}, "regime": analysis.regime,
         "op_classes": analysis.op_classes, "modules": analysis.modules, "advice": analysis.advice,
         "predictions": {k: p.to_dict() for k, p in analysis.predictions.items()}, "verify": analysis.verify,
+        "graph_structure": None if analysis.structure is None else dataclasses.asdict(analysis.structure),
     })
 
 

@@ -128,3 +128,54 @@ def test_tf32_reaches_cublas_matmuls_only_while_bf16_autocast_reaches_every_cont
     assert precision_seconds(records, ceilings, "tf32", tf32_enabled=False)[2] == 1
     assert precision_seconds(records, ceilings, "bf16", tf32_enabled=False)[2] == 2
     assert precision_seconds(records, ceilings, "tf32", tf32_enabled=True) is None  # on already
+
+
+def test_a_step_cut_into_many_graphs_pays_each_graphs_call_and_guards():
+    """A host-bound training step that Dynamo cuts into 12 graphs (11 breaks, 100 guards each): each call of each
+    graph, forward and backward, pays the compiled call and its guards; the launched prediction grows by exactly
+    that over one graph's, and says so."""
+    from brrr.analyze import predict
+    from brrr.analyze.graphs import GraphStructure
+
+    records = _chain(op_time=10e-6)
+    ceilings = make_ceilings(bandwidth=2e11, launch_latency=1e-3)   # the host's launches dominate
+    split = {"compute": 1e-4, "bandwidth": 3e-5, "overhead": 3e-3}
+    one = predict_steps(records, ceilings, split, 3.2e-3, 1.3e-4, train=True)
+    many = predict_steps(records, ceilings, split, 3.2e-3, 1.3e-4, train=True,
+                         structure=GraphStructure(graphs=12, breaks=11, guards=1200))
+    extra = 2 * 12 * (COMPILED_CALL_S + 100 * predict.GUARD_S) - 2 * COMPILED_CALL_S
+    assert many["inductor"].step_s == pytest.approx(one["inductor"].step_s + extra)
+    assert "12 graphs (11 breaks, 1200 guards)" in many["compile"].how
+
+
+def test_the_graphs_of_a_model_with_a_break_are_counted():
+    from brrr.analyze.graphs import graph_structure
+
+    class Breaks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.a(x)
+            torch._dynamo.graph_break()
+            return self.b(h)
+
+    found = graph_structure(Breaks(), (torch.randn(2, 4),))
+    assert (found.graphs, found.breaks) == (2, 1) and found.guards > 0
+    assert graph_structure(torch.compile(Breaks(), backend="eager"), (torch.randn(2, 4),)) is None
+
+
+def test_counting_graphs_leaves_no_trace_on_the_model():
+    """Explaining runs the forward once more: batch norm's statistics and the random generator stay as they were."""
+    from brrr.analyze.graphs import graph_structure
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Dropout(0.5)).train()
+    x = torch.randn(8, 4) + 3
+    stats = [b.clone() for b in model[1].buffers()]
+    rng = torch.get_rng_state()
+    found = graph_structure(model, (x,))
+    assert found is not None and found.graphs == 1 and found.breaks == 0
+    assert all(torch.equal(a, b) for a, b in zip(stats, model[1].buffers()))
+    assert torch.equal(rng, torch.get_rng_state())
