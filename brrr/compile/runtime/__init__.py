@@ -7,8 +7,9 @@ runs a plain graph's forward and backward without AOTAutograd's wrappers.
 
 compiled.py generates the call and loads the kernels (cache.py); launch.py launches them without the JIT's
 per-call work; cuda_graphs.py replays a whole call as a CUDA graph; replay_choice.py times launching against
-replaying, and among_ranks.py makes data-parallel ranks agree on the verdict; kernel_registry.py records every
-kernel by the name a profiler sees (read by brrr.analyze).
+replaying, and among_ranks.py makes data-parallel ranks agree on the verdict; handed_over.py keeps a backward's
+inputs on the host through its measured first call; kernel_registry.py records every kernel by the name a
+profiler sees (read by brrr.analyze).
 
 Must not import: passes, lowering, matmul, backend, explain.
 """

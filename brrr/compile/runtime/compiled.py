@@ -22,7 +22,7 @@ from brrr.compile.cache import device_name, load_kernel
 from brrr.compile.codegen.triton import generate
 from brrr.compile.fallbacks import KernelFailed, debugging, is_out_of_memory, recover, warn_once
 from brrr.compile.ir import nodes as ir, sizes
-from brrr.compile.runtime import among_ranks, floor, kernel_registry
+from brrr.compile.runtime import among_ranks, floor, handed_over, kernel_registry
 from brrr.compile.runtime.cuda_graphs import GraphedCall, SharedPool, data_ptrs
 from brrr.compile.runtime.launch import Launcher, tma_descriptor
 from brrr.compile.runtime.replay_choice import ReplayTrial
@@ -264,10 +264,13 @@ class CompiledGraph:
         re-planned with its ops as ATen calls (`replan`, bounded by the re-plans left); any other failure of
         brrr's, or running out of re-plans, runs the graph's own FX module. The graph never writes into its
         inputs, so a call that failed half-way can simply run again. On a GPU the checked kernels are then
-        measured against their rooflines (floor.py), without the checking call's outputs held."""
+        measured against their rooflines (floor.py), without the checking call's outputs held. A backward
+        that owns its inputs and is measured so keeps them on the host (handed_over.py), and each of these runs
+        frees a fresh copy at its last use, as every later call does."""
+        handed = handed_over.HandedOver.of(args) if self.owns_inputs and floor.enabled(self) else None
         while True:
             try:
-                out = self.call(args)
+                out = handed_over.run(self.call, handed if handed is not None else args)
                 break
             except Exception as e:
                 if debugging() or is_out_of_memory(e):
@@ -277,12 +280,15 @@ class CompiledGraph:
                     fallbacks.log("graph", self.kind, "first call", f"{type(e).__name__}: {str(e)[:200]}")
                     recover(e, "a generated kernel failed", "running this graph as ATen")
                     self.call = self._aten_call
-                    return self.call(args)
+                    return self.call(handed.fresh() if handed is not None else args)
                 self.call, self.source = replanned.call, replanned.source
                 self.kernel_choices = replanned.kernel_choices
         if not floor.enabled(self):
             return out
         del out
+        if handed is not None:
+            floor.settle(self, handed)
+            return handed_over.run(self.call, handed)
         floor.settle(self, args)
         return self.call(args, True) if self.owns_inputs else self.call(args)
 

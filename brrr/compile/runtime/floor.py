@@ -37,6 +37,7 @@ import torch
 
 from brrr.compile.cache import folder, write_atomic
 from brrr.compile.fallbacks import debugging, is_out_of_memory, recover
+from brrr.compile.runtime import handed_over
 
 THRESHOLD = 0.3        # of its roofline below which a kernel is slow
 AT_STAKE = 50e-6       # seconds a call must stand to win before a slow kernel is worth alternatives
@@ -153,12 +154,13 @@ class DeviceTimer:
         originals = {n: glb[n] for n in names if glb.get(n) is not None}
         for name, launcher in originals.items():
             glb[name] = _Timed(launcher, events.setdefault(name, []))
+        run_args, owned = handed_over.prepared(args)
         torch.cuda.synchronize()
         # the GPU sleeps while the host queues the call, so each kernel starts as its predecessor ends: an idle
         # GPU would count the host's launch time into every event pair (tiny kernels read 20-70 us)
         torch.cuda._sleep(HEAD_START_CYCLES)
         try:
-            call(args)
+            call(run_args, True) if owned else call(run_args)
         finally:
             glb.update(originals)
         torch.cuda.synchronize()
@@ -166,13 +168,14 @@ class DeviceTimer:
 
     def call_time(self, graph, args):
         call = graph.call
-        call(args)   # the checking call: a new kernel compiles and loads here
+        handed_over.run(call, args)   # the checking call: a new kernel compiles and loads here
         times = []
         for _ in range(CALL_SAMPLES):
+            run_args, owned = handed_over.prepared(args)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             start.record()
-            call(args)
+            call(run_args, True) if owned else call(run_args)
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) * 1e-3)
@@ -242,7 +245,8 @@ def _store(key, graph, verdicts, digests):
 
 
 def settle(graph, args):
-    """Measure `graph` (a verified CompiledGraph) on `args` and keep its fastest form; True when it changed."""
+    """Measure `graph` (a verified CompiledGraph) on `args` (a list, or handed_over.HandedOver inputs: a fresh
+    copy each run) and keep its fastest form; True when it changed."""
     try:
         with _KeptRandom(graph.device):
             return _settle(graph, args)
