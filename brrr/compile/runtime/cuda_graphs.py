@@ -377,6 +377,9 @@ class GraphedCall:
                     # their memory is free in the pool: this capture could hand it out before reading it
                     return self._fail("the saved tensors its forward's capture lent were freed before it captured")
             inputs = self.static
+            # consumed only into the forward's pool: freed into any other, their memory could be handed to
+            # another allocation before this call's replay reads it
+            self.consume = self.consume and pool is not None
             if self.consume:   # handed over: the graph reads them at their addresses and holds none of them
                 self.static = [alias(a) if i in self.pin else a for i, a in enumerate(inputs)]
                 args.clear()
