@@ -224,3 +224,21 @@ def test_an_output_in_a_consumed_inputs_memory_is_not_a_view_of_it():
     param = torch.randn(3)
     assert graphs.input_views([saved, param], [grad, param[:2]], ["consumed", "address"]) == {1: 1}
     assert graphs.input_views([saved, param], [grad, param[:2]], ["address", "address"]) == {0: 0, 1: 1}
+
+
+def test_a_backward_whose_forward_has_no_pool_consumes_nothing(fake_cuda_graphs):
+    """Freed into a pool of its own or the device's, a saved tensor's memory could be handed out before the
+    capture call's replay reads it: a backward consumes only into its forward's pool."""
+    def backward(args, owned=False):
+        e, g = args
+        if owned:
+            args.clear()
+        return (e * g,)
+
+    fw = GraphedCall(lambda a: (a[0] * 2,), [torch.randn(3)], lend=(0,))   # never captured: no pool
+    bw = GraphedCall(backward, [torch.randn(3), torch.ones(3)], pin=(0,), after=fw, static=(), consume=True)
+    saved, grad = torch.randn(3), torch.ones(3)
+    args = [saved, grad]
+    (out,) = bw(args)
+    torch.testing.assert_close(out, saved)
+    assert not bw.consume and args == [saved, grad] and bw.static[0] is saved   # held, as before
