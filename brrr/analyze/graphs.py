@@ -4,7 +4,9 @@ the breaks between them and the guards each call checks, from `torch._dynamo.exp
 A host-bound step pays per compiled graph, not per model: each graph call checks its guards and runs its
 runtime wrapper, and a break hands control back to Python between graphs. predict.py prices those per graph;
 without this, it assumed one graph (two in training). Explaining traces and runs the model's forward once more,
-leaving no trace of it (buffers put back, random generators as they were, no autograd graph).
+leaving no trace of it on the model (buffers put back, random generators as they were, no autograd graph). It
+does reset Dynamo (torch's explain does, before and after): code compiled earlier in the process compiles again
+on its next call, which costs time, never a result.
 """
 
 from dataclasses import dataclass
