@@ -17,7 +17,8 @@ figures; advise.py quotes the same figures, so advice and its verification agree
   backward in training); the step takes the longer of the two. `brrr.compile`'s default replays a graph where that is faster, so its prediction is
   the lesser of the launched and the replayed one (on CUDA).
 - "cuda-graphs" (`brrr.compile(model, cuda_graphs=True)`): the compiled device time plus one replay launch and
-  the call's cost: no launch gaps.
+  the call's cost per graph call: no launch gaps. A graph holding an op no CUDA graph captures (`.item()`,
+  nonzero, ctc_loss: runtime/host_copies.py), one per such op traced, launches its share of the kernels.
 - "tf32", "bf16" (`torch.autocast`): the fp32 matmul-family ops that are not launch-bound (for TF32 only the
   cuBLAS matmuls) scaled by the ratio of their roofline floors at the measured rates
   (advise.precision_seconds); everything else unchanged.
@@ -33,6 +34,7 @@ kind from earlier measurements; the figures here are the uncalibrated ones.
 from dataclasses import dataclass
 
 from brrr.analyze.advise import FUSIBLE_CLASSES, fusion_bytes_saved, linked_groups, precision_seconds
+from brrr.compile.runtime import host_copies
 
 REMEDY_KINDS = ("compile", "cuda-graphs", "inductor", "bf16", "tf32", "channels-last", "batch")
 
@@ -135,8 +137,16 @@ def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=Fals
         "inductor": Prediction("inductor", launched, f"{fused}, launched from the host ({host * 1e3:.3g} ms)"),
     }
     if ceilings.kind == "cuda":
-        replayed = device + graphs * (ceilings.launch_latency + call_s)
-        preds["cuda-graphs"] = Prediction("cuda-graphs", replayed, f"{fused}, replayed without launch gaps")
+        # a graph holding an op no CUDA graph can capture launches its kernels: its share of the launches stays
+        blockers = [(r.name, why) for r in records if (why := host_copies.uncapturable(r.name))]
+        blocked = min(len(blockers), graphs)
+        replayed = device + (graphs - blocked) * (ceilings.launch_latency + call_s) + \
+            blocked * (launches / graphs * ceilings.launch_latency + call_s)
+        how = f"{fused}, replayed without launch gaps"
+        if blocked:
+            how += (f"; {blocked} of {graphs} graph calls cannot be captured ({blockers[0][0]} "
+                    f"{blockers[0][1]}) and launch")
+        preds["cuda-graphs"] = Prediction("cuda-graphs", replayed, how)
         best = min(launched, replayed)
         preds["compile"] = Prediction("compile", best, f"{fused}, launched ({launched * 1e3:.3g} ms) or replayed "
                                                        f"({replayed * 1e3:.3g} ms), whichever is faster")

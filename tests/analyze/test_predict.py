@@ -179,3 +179,23 @@ def test_counting_graphs_leaves_no_trace_on_the_model():
     assert found is not None and found.graphs == 1 and found.breaks == 0
     assert all(torch.equal(a, b) for a, b in zip(stats, model[1].buffers()))
     assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_a_graph_that_cannot_be_captured_launches_its_share_of_the_kernels():
+    """An .item() in the step (aten._local_scalar_dense) keeps one of its graphs from replaying: with 4 graph calls
+    and 2 kernels, that graph call launches its half of them."""
+    from brrr.analyze.graphs import GraphStructure
+
+    records = _chain(op_time=10e-6)
+    ceilings = make_ceilings(kind="cuda", bandwidth=2e11, launch_latency=5e-6)
+    split = {"compute": 1e-4, "bandwidth": 3e-5, "overhead": 7e-5}
+    structure = GraphStructure(graphs=2, breaks=1, guards=0)
+    records.append(make_record(5, "other", name="aten.clone.default", time_s=1e-6))
+    clean = predict_steps(records, ceilings, split, 2e-4, 1.3e-4, train=True, structure=structure)
+    records[-1].name = "aten._local_scalar_dense.default"   # the same op times, one that cannot be captured
+    blocked = predict_steps(records, ceilings, split, 2e-4, 1.3e-4, train=True, structure=structure)
+    _, launches = compiled_program(records, ceilings, 2e-4, 1.3e-4)
+    assert blocked["cuda-graphs"].step_s == pytest.approx(
+        clean["cuda-graphs"].step_s - (5e-6 + COMPILED_CALL_S) + (launches / 4 * 5e-6 + COMPILED_CALL_S))
+    assert "1 of 4 graph calls cannot be captured (aten._local_scalar_dense.default reads a device value" in \
+        blocked["cuda-graphs"].how

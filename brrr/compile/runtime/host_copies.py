@@ -32,6 +32,15 @@ _UNCAPTURABLE = {
     "unique_consecutive": "waits for the device to size its output", "bincount": "waits for the device",
     "_local_scalar_dense": "reads a device value on the host (.item())",
 }
+
+
+def uncapturable(op):
+    """Why the ATen op named `op` ("nonzero", or "aten.nonzero.default") cannot be captured in a CUDA graph,
+    or None (brrr.analyze predicts which graphs will launch from the ops it traced)."""
+    parts = op.split(".")
+    return _UNCAPTURABLE.get(parts[1] if len(parts) >= 2 and parts[0] == "aten" else op)
+
+
 # ops that pass a host tensor on as a host tensor: what they make is still only the input, moved or viewed
 _PASSING = {"alias", "clone", "lift_fresh_copy", "contiguous", "_to_copy", "detach"}
 _METADATA = {"sym_size", "sym_stride", "sym_numel", "sym_storage_offset"}
