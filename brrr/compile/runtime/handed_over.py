@@ -14,7 +14,8 @@ import torch
 
 from brrr.compile.runtime.cuda_graphs import copy_keeping_layout
 
-MAX_BYTES = 8 << 30   # device bytes of inputs kept on the host at most (a copy there, one back per run)
+MAX_BYTES = 4 << 30   # device bytes of inputs kept on the host at most: a copy there, one back per run (each
+                      # run of a 4 GiB backward then pays ~0.5 s of copies at pageable host bandwidth)
 
 
 def _device_bytes(args):
