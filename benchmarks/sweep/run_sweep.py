@@ -47,6 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--out", help="directory for the results (default benchmarks/results/sweep)")
     p.add_argument("--only", help="comma-separated configuration names")
     p.add_argument("--family", help="comma-separated families: timm, torchvision, transformers, others, zoo")
+    p.add_argument("--mode", choices=("train", "infer"), help="training or inference configurations only")
     p.add_argument("--worst", type=int, help="the N configurations where brrr did worst against Inductor's "
                                              "better mode in --last (default: the newest sweep result)")
     p.add_argument("--last", help="the result file --worst reads")
@@ -100,7 +101,10 @@ def selected(args):
     only = args.only
     if args.worst:
         only = ",".join(worst_names(args.worst, args.last))
-    return catalog.interleaved(catalog.select(configs, only, args.family))
+    chosen = catalog.select(configs, only, args.family)
+    if getattr(args, "mode", None):
+        chosen = [c for c in chosen if c.train == (args.mode == "train")]
+    return catalog.interleaved(chosen)
 
 
 def carried_over(paths, device):

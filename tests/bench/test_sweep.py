@@ -209,3 +209,16 @@ def test_a_run_cut_short_has_measured_every_family(catalog):
     order = catalog.interleaved(catalog.all_configs())
     assert sorted(c.name for c in order) == sorted(c.name for c in catalog.all_configs())
     assert {c.family for c in order[:len(catalog.FAMILIES)]} == set(catalog.FAMILIES)
+
+
+def test_a_run_of_training_configurations_alone_takes_every_family_s_and_nothing_else(catalog):
+    import argparse
+
+    sweep = load("sweep", "run_sweep")
+    args = argparse.Namespace(only=None, worst=None, family=None, mode="train")
+    chosen = sweep.selected(args)
+    training = [c for c in catalog.all_configs() if c.train]
+    assert sorted(c.name for c in chosen) == sorted(c.name for c in training) and all(c.train for c in chosen)
+    assert {c.family for c in chosen[:len(catalog.FAMILIES)]} == set(catalog.FAMILIES)
+    args.mode = "infer"
+    assert not any(c.train for c in sweep.selected(args))
