@@ -30,7 +30,7 @@ class Analysis:
     timeline: list = None        # the traced run's slices (track, start_ns, end_ns, op index, name); trace.py
     predictions: dict = field(default_factory=dict)  # remedy kind -> predict.Prediction (uncalibrated)
     verify: dict | None = None   # verify.verify's measurements of the remedies, when run
-    structure: object = None     # graphs.GraphStructure of a host-bound step (its Dynamo graphs), where counted
+    structure: object = None     # graphs.GraphStructure: the step's Dynamo graphs, where they could be counted
 
     @classmethod
     def from_measurements(cls, records, ceilings, wall_time_s, busy_time_s=None, train=False, tf32_enabled=None,

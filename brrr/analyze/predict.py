@@ -13,9 +13,9 @@ figures; advise.py quotes the same figures, so advice and its verification agree
   more than its ops did. That is the device time; op times are scaled to the plain step's busy time first (as
   regimes.run_split does). The host launches each kernel at the measured launch latency, views cost nothing,
   and each compiled graph call pays COMPILED_CALL_S (AOTAutograd's wrapper) and GUARD_S per guard it checks,
-  for every graph Dynamo cuts the step into (graphs.py counts them on host-bound steps; else one, forward and
-  backward in training); the step takes the longer of the two. `brrr.compile`'s default replays a graph where that is faster, so its prediction is
-  the lesser of the launched and the replayed one (on CUDA).
+  for every graph Dynamo cuts the step into (graphs.py counts them; where it could not, one), forward and
+  backward in training; the step takes the longer of the two. `brrr.compile`'s default replays a graph where
+  that is faster, so its prediction is the lesser of the launched and the replayed one (on CUDA).
 - "cuda-graphs" (`brrr.compile(model, cuda_graphs=True)`): the compiled device time plus one replay launch and
   the call's cost per graph call: no launch gaps. A graph holding an op no CUDA graph captures (`.item()`,
   nonzero, ctc_loss: runtime/host_copies.py), one per such op traced, launches its share of the kernels.

@@ -322,23 +322,14 @@ def _apply_verdicts(advice, rows):
     lost = {kind for kind, row in by_kind.items() if row.status == "loss"}
     if "compile" in lost:
         lost.add("fuse")  # fusion advice says brrr.compile does it
-    measured, predicted, advised = [], [], set()
-    for item in advice:
-        if item["kind"] in lost:
-            continue
-        row = by_kind.get(item["kind"])
-        if row is None:
-            predicted.append(item)
-            continue
-        _measured(item, row)
-        measured.append(item)
-        advised.add(row.kind)
+    kept = [item for item in advice if item["kind"] not in lost]
+    measured = [_measured(item, by_kind[item["kind"]]) for item in kept if item["kind"] in by_kind]
+    predicted = [item for item in kept if item["kind"] not in by_kind]
     for row in rows:
-        if row.status == "gain" and row.kind not in advised:
+        if row.status == "gain" and all(a["kind"] != row.kind for a in measured):
             item = advice_item(row.kind, f"{row.remedy} (measured on a copy of the model)",
                                row.predicted_saving_s or 0.0)
             measured.append(_measured(item, row))
-            advised.add(row.kind)
     measured.sort(key=lambda a: -a["measured_saving_s"])
     predicted.sort(key=lambda a: -a["predicted_saving_s"])
     advice[:] = measured + predicted

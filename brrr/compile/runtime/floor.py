@@ -154,13 +154,13 @@ class DeviceTimer:
         originals = {n: glb[n] for n in names if glb.get(n) is not None}
         for name, launcher in originals.items():
             glb[name] = _Timed(launcher, events.setdefault(name, []))
-        run_args, owned = handed_over.prepared(args)
+        timed = handed_over.prepared(call, args)
         torch.cuda.synchronize()
         # the GPU sleeps while the host queues the call, so each kernel starts as its predecessor ends: an idle
         # GPU would count the host's launch time into every event pair (tiny kernels read 20-70 us)
         torch.cuda._sleep(HEAD_START_CYCLES)
         try:
-            call(run_args, True) if owned else call(run_args)
+            timed()
         finally:
             glb.update(originals)
         torch.cuda.synchronize()
@@ -171,11 +171,11 @@ class DeviceTimer:
         handed_over.run(call, args)   # the checking call: a new kernel compiles and loads here
         times = []
         for _ in range(CALL_SAMPLES):
-            run_args, owned = handed_over.prepared(args)
+            timed = handed_over.prepared(call, args)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             start.record()
-            call(run_args, True) if owned else call(run_args)
+            timed()
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) * 1e-3)

@@ -44,11 +44,14 @@ class HandedOver:
         return [copy_keeping_layout(h, d) if d is not None else h for h, d in zip(self.host, self.devices)]
 
 
+def prepared(call, args):
+    """One run of `call` on `args`, ready to start: a fresh owned copy of HandedOver inputs (made now, before
+    any timing starts: a copy to the device waits for the stream), else the list as it is (held)."""
+    if isinstance(args, HandedOver):
+        fresh = args.fresh()
+        return lambda: call(fresh, True)
+    return lambda: call(args)
+
+
 def run(call, args):
-    """`call` on `args`: a fresh owned copy of HandedOver inputs, else the list as it is (held)."""
-    return call(args.fresh(), True) if isinstance(args, HandedOver) else call(args)
-
-
-def prepared(args):
-    """(args, owned) for one run, made before any timing starts (a copy to the device waits for the stream)."""
-    return (args.fresh(), True) if isinstance(args, HandedOver) else (args, False)
+    return prepared(call, args)()

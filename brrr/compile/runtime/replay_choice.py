@@ -38,9 +38,10 @@ replays is within MEMORY_MARGIN of the highest read after its launched calls (a 
 memory was allocated, and counted, when the capture ran). The peak is the process's, read at the end of each
 step's last graph (a backward, or a graph leading none) and never reset (the user's statistics stay theirs):
 with no reset the launched calls' reading bounds the launched step, as they run first, and a caller that resets
-the peak every step makes each reading that step's. A graph turned down gives its memory back before the deciding call launches:
-left to the next call, a ResNet-18 training step launched beside its replayed graph's pool and peaked at 1699 MiB
-against 977 replayed (benchmarks/NOTES.md). With cuda_graphs="fastest" time alone decides. Under several ranks the time rule alone decides, as the ranks agree.
+the peak every step makes each reading that step's. A graph turned down gives its memory back before the
+deciding call launches: left to the next call, a ResNet-18 training step launched beside its replayed graph's
+pool and peaked at 1699 MiB against 977 replayed (benchmarks/NOTES.md). With cuda_graphs="fastest" time alone
+decides. Under several ranks the time rule alone decides, as the ranks agree.
 A graph planned at symbolic sizes has a CUDA graph per shape, and a trial per shape: a short sequence can be
 host-bound where a long one is not. Every verdict is logged (`DECISIONS`), and `brrr explain` lists them.
 In a process group of several ranks (DDP, FSDP2) the ranks agree on each verdict, by the slowest rank's periods
