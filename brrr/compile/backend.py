@@ -112,15 +112,22 @@ def plan_graph(gm, forced=None, split=()):
     FX nodes' values start kernels of their own (the floor's alternatives, runtime/floor.py). Unaligned matmuls
     are padded first, in gm itself (passes/pad_matmuls.py), so its ATen fallback runs them too."""
     from brrr.compile.lowering.core import lower
-    from brrr.compile.passes.device_constants import move_host_constants
-    from brrr.compile.passes.pad_matmuls import pad_matmuls
     from brrr.compile.scheduling.schedule import schedule
     # a node's value inlines its chain of pointwise producers, one Python call per link: a backward graph's
     # gradient sums chain hundreds (Inductor raises the limit for the same reason)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
+    prepare_graph(gm)
+    return schedule(lower(gm, forced), split)
+
+
+def prepare_graph(gm):
+    """The FX passes planning starts with, in gm itself (idempotent): a graph the graph cache serves gets them
+    too, so its ATen fallback and its constants are the planned graph's."""
+    from brrr.compile.passes.device_constants import move_host_constants
+    from brrr.compile.passes.pad_matmuls import pad_matmuls
+
     pad_matmuls(gm)
     move_host_constants(gm)   # a copy of a host constant to the device: made once, not in every call
-    return schedule(lower(gm, forced), split)
 
 
 def static_inputs(graph_kind):
@@ -144,6 +151,7 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
     from torch._functorch.aot_autograd import make_boxed_func
 
     from brrr.compile.matmul.fusion import epilogue_pass
+    from brrr.compile.runtime import graph_cache
     from brrr.compile.runtime.compiled import build, generate_all
     from brrr.compile.runtime.host_copies import host_copies
 
@@ -160,6 +168,31 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
             return plan_and_build()
 
     def plan_and_build():
+        cached = sink is None and graph_cache.enabled() and not symbolic_sizes
+        if cached:
+            prepare_graph(gm)   # keyed as planned: after the passes planning starts with
+        key = graph_cache.key(gm, graph_kind, forced, split, {"matmul_templates": matmul_templates}) \
+            if cached else None
+        on_gpu = cuda_graphs if "cuda" in _devices(gm) else False
+        compiled = graph_cache.load(key, gm, on_gpu) if key is not None else None
+        if compiled is None:
+            compiled = plan_fresh(on_gpu)
+            if sink is not None:
+                return compiled
+            if key is not None:
+                graph_cache.store(key, compiled, gm)
+        for op, why in compiled.op_fallbacks:
+            fallbacks.log("op", graph_kind, op, why)
+            warn_once(f"{op} runs as ATen: {why}")
+        compiled.static_inputs = statics
+        compiled.host = host_copies(gm)
+        compiled.replan = replan
+        compiled.alternative, compiled.adopt = alternative, adopt
+        compiled.forget = (lambda: graph_cache.forget(key)) if key is not None else None
+        return compiled
+
+    def plan_fresh(on_gpu):
+        graph_cache.STATS["planned"] += 1
         try:
             plan = plan_graph(gm, forced, split)
         except Exception as e:
@@ -170,17 +203,9 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
         if sink is not None:
             sink.planned(graph_kind, gm, plan, generate_all(plan, graph_kind, rewrite_kernels))
             return make_boxed_func(gm)
-        for fx, why, scope in plan.lowering.fallbacks:
-            if scope == "op":
-                op = f"aten.{getattr(fx.target, '__name__', fx.target)}"
-                fallbacks.log("op", graph_kind, op, why)
-                warn_once(f"{op} runs as ATen: {why}")
-        compiled, _ = build(plan, gm, cuda_graphs=cuda_graphs if "cuda" in _devices(gm) else False,
-                            kind=graph_kind, rewrite_kernels=rewrite_kernels)
-        compiled.static_inputs = statics
-        compiled.host = host_copies(gm)
-        compiled.replan = replan
-        compiled.alternative, compiled.adopt = alternative, adopt
+        compiled, _ = build(plan, gm, cuda_graphs=on_gpu, kind=graph_kind, rewrite_kernels=rewrite_kernels)
+        compiled.op_fallbacks = [(f"aten.{getattr(fx.target, '__name__', fx.target)}", str(why))
+                                 for fx, why, scope in plan.lowering.fallbacks if scope == "op"]
         return compiled
 
     def alternative(force=(), split_at=()):

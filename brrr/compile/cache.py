@@ -28,7 +28,7 @@ def cache_dir():
     os.makedirs(d, exist_ok=True)
     if d not in _SWEPT:
         _SWEPT.add(d)
-        _remove_stale_tmp(d)
+        _remove_stale_tmp((d, os.path.join(d, "cubin")))
     return d
 
 
@@ -37,15 +37,18 @@ def folder(name):
     root = os.environ.get("BRRR_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "brrr")
     d = os.path.join(root, name)
     os.makedirs(d, exist_ok=True)
+    if d not in _SWEPT:
+        _SWEPT.add(d)
+        _remove_stale_tmp((d,))
     return d
 
 
-def _remove_stale_tmp(d):
+def _remove_stale_tmp(folders):
     """Delete temporary files of writers that died mid-write (killed, or interrupted again while their threads
-    were still writing), in the cache and its cubin folder. A live writer's temporary file exists for
-    microseconds, so an old one is dead."""
+    were still writing) in `folders`. A live writer's temporary file exists for microseconds, so an old one is
+    dead."""
     cutoff = time.time() - STALE_TMP_S
-    for folder in (d, os.path.join(d, "cubin")):
+    for folder in folders:
         try:
             found = [e for e in os.scandir(folder) if e.name.startswith(".tmp-")]
         except OSError:   # no cubin folder (no GPU kernel launched yet)

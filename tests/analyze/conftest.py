@@ -7,6 +7,9 @@ import tempfile
 # triton is imported anywhere, with a kernel cache of the tests' own
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("BRRR_CACHE_DIR", tempfile.mkdtemp(prefix="brrr-test-cache-"))
+# tests watch planning (spies, injected failures): a graph kept by an earlier test would skip it; the graph
+# cache's own tests (test_graph_cache.py) turn it on
+os.environ.setdefault("BRRR_GRAPH_CACHE", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -6,6 +6,9 @@ import tempfile
 os.environ["TRITON_INTERPRET"] = "1"          # before triton is imported anywhere
 os.environ["BRRR_DEBUG"] = "1"                # brrr errors raise here instead of quietly running ATen
 os.environ.setdefault("BRRR_CACHE_DIR", tempfile.mkdtemp(prefix="brrr-test-cache-"))
+# tests watch planning (spies, injected failures): a graph kept by an earlier test would skip it; the graph
+# cache's own tests (test_graph_cache.py) turn it on
+os.environ.setdefault("BRRR_GRAPH_CACHE", "0")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

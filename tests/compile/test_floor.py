@@ -206,3 +206,27 @@ def test_a_slow_kernel_keeps_the_warps_that_time_fastest_and_a_second_compile_ap
         (self.name, self.meta["num_warps"])) or launch(self, *a, **k))
     torch.testing.assert_close(fn(x, w), norm_block(x, w))
     assert [n for name, n in warps if _fuses_relu_and_mean(name)] == [8]
+
+
+def test_the_kept_form_comes_from_the_graph_cache_planning_nothing(timer_of, monkeypatch):
+    from brrr.compile.runtime import graph_cache
+
+    monkeypatch.setenv("BRRR_GRAPH_CACHE", "1")
+    monkeypatch.setattr(graph_cache, "STATS", dict.fromkeys(graph_cache.STATS, 0))
+    timer_of(FakeTimer(3.0, 2.0, 2.5))
+    x, w = torch.randn(8, 64), torch.randn(64)
+    _run(x, w)
+    assert graph_cache.STATS["planned"] == 3 and graph_cache.STATS["stored"] == 3   # as planned, split, as ATen
+    second = timer_of(FakeTimer(3.0, 2.0, 2.5))
+    torch._dynamo.reset()
+    fn = compiled(norm_block)
+    torch.testing.assert_close(fn(x, w), norm_block(x, w))
+    assert graph_cache.STATS["planned"] == 3 and graph_cache.STATS["hits"] == 2   # as planned, then the kept form
+    assert second.kernel_calls == 0 and second.call_calls == 0
+    launched = []
+    registry.LAUNCH_HOOK = lambda name: launched.append(name) or contextlib.nullcontext()
+    try:
+        torch.testing.assert_close(fn(x, w), norm_block(x, w))
+    finally:
+        registry.LAUNCH_HOOK = None
+    assert launched and not any(_fuses_relu_and_mean(n) for n in launched)   # the split form runs

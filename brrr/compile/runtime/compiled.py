@@ -14,6 +14,7 @@ import concurrent.futures
 import os
 import weakref
 from collections import Counter
+from dataclasses import dataclass
 
 import torch
 
@@ -122,6 +123,8 @@ class CompiledGraph:
         self.replan = None        # KernelFailed -> a CompiledGraph without that kernel, or None (backend sets it)
         self.alternative = self.adopt = None   # the floor's other forms of this graph (backend sets them)
         self.kernel_choices = []  # floor.KernelChoice per generated kernel
+        self.op_fallbacks = []    # (op, why) for each op the plan left to ATen
+        self.forget = None        # drops this graph's entry in the graph cache (graph_cache.py), where it has one
         self.verified = False
         self.cuda_graphs = cuda_graphs
         self.device = device  # CUDA index: allocations and launches go to the current device, made this one
@@ -273,6 +276,8 @@ class CompiledGraph:
                 out = handed_over.run(self.call, handed if handed is not None else args)
                 break
             except Exception as e:
+                if self.forget is not None:   # a kept graph that fails is planned afresh next time
+                    self.forget()
                 if debugging() or is_out_of_memory(e):
                     raise
                 replanned = self.replan(e) if isinstance(e, KernelFailed) and self.replan is not None else None
@@ -310,8 +315,7 @@ def _weak_call(method):
 def build(plan, gm, cuda_graphs=False, kind="graph", rewrite_kernels=None):
     kernels = generate_all(plan, kind, rewrite_kernels)
     reused = reused_memory(plan, kernels)
-    names, glb = {}, {"torch": torch, "empty_strided": torch.empty_strided, "empty_cuda": _EMPTY_CUDA,
-                      "layout": layout, "check_index": check_index, "tma_descriptor": tma_descriptor}
+    names, glb = {}, _globals()
     L = plan.lowering
 
     def var(node):
@@ -436,22 +440,58 @@ def build(plan, gm, cuda_graphs=False, kind="graph", rewrite_kernels=None):
     named = sizes.symbols_in("\n".join(line.split("  #")[0] for line in lines[bindings_at:]))
     lines[bindings_at:bindings_at] = [f"    {line}" for line in symbol_bindings(placeholders, named)]
     source = "\n".join(free_dead_buffers(drop_unused_views(lines), [fx.name for fx in placeholders])) + "\n"
-    device = device_name(plan)
+    specs = [KernelSpec(ks.name, ks.source, tuple(ks.grid), dict(ks.meta),
+                        kernel_fx_nodes(kernel_steps[ks.name], ks.nodes),
+                        tuple(i for i, a in enumerate(ks.args) if a in fresh), len(ks.symbols),
+                        None if getattr(ks, "descriptors", None) else tuple(a.dtype for a in ks.args))
+             for ks in launches]
+    builtin = set(_globals())
+    constants = {k: v for k, v in glb.items() if k not in builtin and k not in kernel_steps}
+    compiled = assemble(source, constants, specs, gm, cuda_graphs, kind, device_name(plan), _cuda_device(plan))
+    compiled.kernel_choices = floor.describe(plan, kernels, lambda step, src: kernel_fx_nodes(step, src.nodes))
+    return compiled, kernels
+
+
+@dataclass
+class KernelSpec:
+    """One kernel launch of a generated call, all the call needs to load and launch it: its Triton module's
+    source, its grid and meta (num_warps, ...), the FX nodes it computes (what a re-plan forces to ATen when it
+    fails), the arguments the call allocates just before, its trailing size arguments, and the dtypes its
+    arguments warm it up with (None for a kernel reading TMA descriptors, compiled at its first launch)."""
+    name: str
+    source: str
+    grid: tuple
+    meta: dict
+    fx_nodes: tuple
+    fresh_slots: tuple
+    symbols: int
+    warm_dtypes: tuple = None
+
+
+def _globals():
+    return {"torch": torch, "empty_strided": torch.empty_strided, "empty_cuda": _EMPTY_CUDA, "layout": layout,
+            "check_index": check_index, "tma_descriptor": tma_descriptor}
+
+
+def assemble(source, constants, specs, gm, cuda_graphs, kind, device, device_index):
+    """The CompiledGraph running `source` (a generated `call`) with `constants` and `specs`' kernels, loaded from
+    the kernel cache on device `device` (its name) and compiled where missing, one thread per core. A kernel that
+    fails to compile raises KernelFailed with its FX nodes. `build` calls it on a fresh plan, the graph cache
+    (graph_cache.py) on a saved one: planning ends here."""
+    glb = {**_globals(), **constants}
     # Triton compiles kernels mostly outside the GIL (MLIR passes, ptxas): one thread per core
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(_usable_cpus(), max(1, len(launches)))) as pool:
-        futs = {ks.name: pool.submit(_load_and_warm, ks, device) for ks in launches}
-        for ks in launches:
-            fx_nodes = kernel_fx_nodes(kernel_steps[ks.name], ks.nodes)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(_usable_cpus(), max(1, len(specs)))) as pool:
+        futs = {spec.name: pool.submit(_load_and_warm, spec, device) for spec in specs}
+        for spec in specs:
             try:
-                jit_fn = futs[ks.name].result()
+                jit_fn = futs[spec.name].result()
             except Exception as e:
                 if debugging() or is_out_of_memory(e):
                     raise
-                raise KernelFailed(ks.name, "compile", e, fx_nodes) from e
-            grid = tuple(1 if isinstance(g, torch.SymInt) else g for g in ks.grid)   # given per call instead
-            glb[ks.name] = Launcher(jit_fn, grid, ks.meta, name=ks.name, fx_nodes=fx_nodes,
-                                    fresh_slots=[i for i, a in enumerate(ks.args) if a in fresh],
-                                    symbols=len(ks.symbols))
+                raise KernelFailed(spec.name, "compile", e, spec.fx_nodes) from e
+            grid = tuple(1 if isinstance(g, torch.SymInt) else g for g in spec.grid)   # given per call instead
+            glb[spec.name] = Launcher(jit_fn, grid, spec.meta, name=spec.name, fx_nodes=spec.fx_nodes,
+                                      fresh_slots=spec.fresh_slots, symbols=spec.symbols)
     filename = f"<brrr call {hash(source) & 0xffffff:x}>"
     dump_dir = os.environ.get("BRRR_DUMP_DIR")
     if dump_dir:  # the generated call, to read beside a traceback that points into it
@@ -459,10 +499,11 @@ def build(plan, gm, cuda_graphs=False, kind="graph", rewrite_kernels=None):
         with open(os.path.join(dump_dir, f"call-{hash(source) & 0xffffff:x}.py"), "w") as f:
             f.write(source)
     exec(compile(source, filename, "exec"), glb)
-    compiled = CompiledGraph(glb["call"], gm, source, cuda_graphs=cuda_graphs, device=_cuda_device(plan),
-                             kind=kind, shape_key=shape_key_function(placeholders))
-    compiled.kernel_choices = floor.describe(plan, kernels, lambda step, src: kernel_fx_nodes(step, src.nodes))
-    return compiled, kernels
+    placeholders = [fx for fx in gm.graph.nodes if fx.op == "placeholder"]
+    compiled = CompiledGraph(glb["call"], gm, source, cuda_graphs=cuda_graphs, device=device_index, kind=kind,
+                             shape_key=shape_key_function(placeholders))
+    compiled.recipe = (constants, specs)
+    return compiled
 
 
 def shape_key_function(placeholders):
@@ -646,14 +687,14 @@ def _cuda_device(plan):
     return None
 
 
-def _load_and_warm(ks, device):
-    k = load_kernel(ks.source, ks.name, device)
+def _load_and_warm(spec, device):
+    k = load_kernel(spec.source, spec.name, device)
     # a kernel reading TMA descriptors compiles at its first launch: dtypes cannot stand in for descriptors
-    if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() and not getattr(ks, "descriptors", None):
+    if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() and spec.warm_dtypes is not None:
         from triton.compiler.errors import CompilationError
 
         try:   # compile now, in this worker, rather than at the first launch (dtypes stand in for tensors)
-            k.warmup(*[a.dtype for a in ks.args], grid=ks.grid, **ks.meta)
+            k.warmup(*spec.warm_dtypes, grid=spec.grid, **spec.meta)
         except CompilationError:
             raise   # the kernel itself is broken: build() re-plans without it
         except Exception:

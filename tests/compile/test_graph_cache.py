@@ -1,0 +1,207 @@
+"""The graph cache (runtime/graph_cache.py): a second compile of a graph, in another process, plans nothing and
+computes what eager does; whatever changes the plan misses; damaged, raced and interrupted entries never serve a
+wrong graph."""
+
+import json
+import signal
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from brrr.compile.backend import brrr_backend
+from brrr.compile.runtime import graph_cache
+from tests.compile.graph_cache_worker import model_and_input, step
+from tests.compile.workers import finish, start, wait_for
+
+TIMEOUT_S = 240
+
+
+def eager_step():
+    model, x = model_and_input()
+    return step(model, x)
+
+
+def assert_eager(result):
+    loss, grads = eager_step()
+    torch.testing.assert_close(result["loss"], loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(result["grads"], grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def run_worker(tmp_path, cache, mode="run", label="run"):
+    proc = start("graph_cache_worker", [mode, tmp_path], tmp_path / f"{label}.log", BRRR_CACHE_DIR=str(cache))
+    finish([proc], TIMEOUT_S)
+    return torch.load(tmp_path / f"{proc.pid}.pt")
+
+
+def entries(cache):
+    return sorted((cache / "graphs").glob("*.json"))
+
+
+def assert_whole(cache):
+    found = entries(cache)
+    assert found
+    for path in found:
+        assert graph_cache.read_entry(path) is not None, f"{path.name} is damaged"
+    assert not list((cache / "graphs").glob(".tmp-*"))
+
+
+def test_a_second_process_plans_nothing_and_equals_eager(tmp_path):
+    cache = tmp_path / "cache"
+    cold = run_worker(tmp_path, cache, label="cold")
+    assert cold["stats"]["planned"] == 2 and cold["stats"]["stored"] == 2   # the forward and the backward
+    assert len(entries(cache)) == 2
+    warm = run_worker(tmp_path, cache, label="warm")
+    assert warm["stats"]["planned"] == 0 and warm["stats"]["hits"] == 2 and warm["stats"]["stored"] == 0
+    assert_eager(cold)
+    assert_eager(warm)
+
+
+def _graph(x, w, c):
+    return (torch.nn.functional.gelu(x @ w) * c).sum(-1)
+
+
+def _gm(*args):
+    gm = make_fx(_graph)(*args)
+    return gm
+
+
+def test_what_changes_the_plan_changes_the_key(monkeypatch):
+    x, w, c = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)
+    gm = _gm(x, w, c)
+    base = graph_cache.key(gm, "inference")
+    assert base is not None and graph_cache.key(_gm(x, w, c), "inference") == base   # the same graph, the same key
+    first_op = next(n for n in gm.graph.nodes if n.op == "call_function")
+    changed = {
+        "sizes": graph_cache.key(_gm(torch.randn(5, 8), w, c), "inference"),
+        "dtype": graph_cache.key(_gm(x.double(), w.double(), c.double()), "inference"),
+        "strides": graph_cache.key(_gm(torch.randn(8, 4).t(), w, c), "inference"),
+        "kind": graph_cache.key(gm, "forward"),
+        "options": graph_cache.key(gm, "inference", options={"matmul_templates": "always"}),
+        "forced to ATen": graph_cache.key(gm, "inference", forced=[first_op]),
+        "split": graph_cache.key(gm, "inference", split=[first_op]),
+    }
+    monkeypatch.setenv("BRRR_PAD_MATMULS", "0")
+    changed["a brrr setting"] = graph_cache.key(gm, "inference")
+    monkeypatch.delenv("BRRR_PAD_MATMULS")
+    monkeypatch.setattr(torch, "__version__", "0.0.0")
+    changed["torch"] = graph_cache.key(gm, "inference")
+    monkeypatch.undo()
+    monkeypatch.setattr(graph_cache, "brrr_digest", lambda: "another brrr")
+    changed["brrr"] = graph_cache.key(gm, "inference")
+    monkeypatch.undo()
+    assert graph_cache.key(gm, "inference") == base
+    for what, k in changed.items():
+        assert k is not None and k != base, what
+    assert len(set(changed.values())) == len(changed)
+
+
+def test_a_constant_s_value_is_in_the_key():
+    def with_constant(value):
+        gm = _gm(torch.randn(4, 8), torch.randn(8, 8), torch.randn(8))
+        gm.register_buffer("_tensor_constant0", torch.full((3,), value))
+        node = gm.graph.get_attr("_tensor_constant0")
+        node.meta["val"] = gm._tensor_constant0
+        gm.recompile()
+        return graph_cache.key(gm, "inference")
+
+    assert with_constant(1.0) == with_constant(1.0) != with_constant(2.0)
+
+
+def test_symbolic_sizes_are_not_kept():
+    gm = make_fx(_graph, tracing_mode="symbolic")(torch.randn(4, 8), torch.randn(8, 8), torch.randn(8))
+    assert graph_cache.key(gm, "inference") is None
+
+
+def _compile_and_check(fn, *args):
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend=brrr_backend, dynamic=False)(*args)
+    torch.testing.assert_close(got, fn(*args), rtol=1e-5, atol=1e-6)
+
+
+def _damaged(kind):
+    def damage(path):
+        text = path.read_text()
+        if kind == "truncated":
+            path.write_text(text[: len(text) // 2])
+        elif kind == "emptied":
+            path.write_text("")
+        elif kind == "garbage":
+            path.write_bytes(b"\xff\xfe not json")
+        elif kind == "edited":   # valid JSON whose content no longer matches its digest
+            outer = json.loads(text)
+            outer["entry"] = outer["entry"].replace("def call", "def kall")
+            path.write_text(json.dumps(outer))
+        elif kind == "other format":
+            outer = json.loads(text)
+            entry = json.loads(outer["entry"])
+            entry["format"] = graph_cache.FORMAT + 1
+            body = json.dumps(entry, sort_keys=True)
+            import hashlib
+            path.write_text(json.dumps({"digest": hashlib.sha256(body.encode()).hexdigest(), "entry": body}))
+    return damage
+
+
+@pytest.mark.parametrize("kind", ["truncated", "emptied", "garbage", "edited", "other format"])
+def test_a_damaged_entry_is_planned_and_written_again(kind, tmp_path, monkeypatch):
+    monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("BRRR_GRAPH_CACHE", "1")
+    monkeypatch.setattr(graph_cache, "STATS", dict.fromkeys(graph_cache.STATS, 0))
+    x, w, c = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)
+    _compile_and_check(_graph, x, w, c)
+    (path,) = entries(tmp_path)
+    _damaged(kind)(path)
+    _compile_and_check(_graph, x, w, c)
+    assert graph_cache.STATS["planned"] == 2 and graph_cache.STATS["hits"] == 0
+    assert_whole(tmp_path)
+    _compile_and_check(_graph, x, w, c)   # the entry written again serves the next compile
+    assert graph_cache.STATS["planned"] == 2 and graph_cache.STATS["hits"] == 1
+
+
+def test_a_kept_graph_whose_first_call_fails_is_forgotten(tmp_path, monkeypatch):
+    from brrr.compile.runtime import launch
+
+    monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("BRRR_GRAPH_CACHE", "1")
+    x, w, c = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)
+    _compile_and_check(_graph, x, w, c)
+    assert len(entries(tmp_path)) == 1
+
+    def failing(self, *args, **kwargs):
+        raise RuntimeError("launch failed")
+
+    monkeypatch.setattr(launch.Launcher, "__call__", failing)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="launch failed"):   # BRRR_DEBUG=1: brrr's errors raise
+        torch.compile(_graph, backend=brrr_backend, dynamic=False)(x, w, c)
+    assert entries(tmp_path) == []
+
+
+def test_two_processes_writing_one_key_leave_one_whole_entry(tmp_path):
+    cache = tmp_path / "cache"
+    procs = [start("graph_cache_worker", ["race", tmp_path], tmp_path / f"race{i}.log", BRRR_CACHE_DIR=str(cache))
+             for i in range(2)]
+    (tmp_path / "go").touch()
+    finish(procs, TIMEOUT_S)
+    for proc in procs:
+        assert_eager(torch.load(tmp_path / f"{proc.pid}.pt"))
+    assert len(entries(cache)) == 2
+    assert_whole(cache)
+    warm = run_worker(tmp_path, cache, label="after")
+    assert warm["stats"]["planned"] == 0
+    assert_eager(warm)
+
+
+def test_an_interrupted_compile_leaves_nothing_trusted(tmp_path):
+    cache = tmp_path / "cache"
+    proc = start("graph_cache_worker", ["pause", tmp_path], tmp_path / "pause.log", BRRR_CACHE_DIR=str(cache))
+    wait_for(tmp_path / "paused", proc, TIMEOUT_S)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=TIMEOUT_S)
+    assert "done" not in (tmp_path / "pause.log").read_text()
+    assert entries(cache) == [] and not list((cache / "graphs").glob(".tmp-*"))
+    after = run_worker(tmp_path, cache, label="after")
+    assert after["stats"]["planned"] == 2
+    assert_eager(after)
+    assert_whole(cache)
