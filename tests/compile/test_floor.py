@@ -230,3 +230,23 @@ def test_the_kept_form_comes_from_the_graph_cache_planning_nothing(timer_of, mon
     finally:
         registry.LAUNCH_HOOK = None
     assert launched and not any(_fuses_relu_and_mean(n) for n in launched)   # the split form runs
+
+
+def test_with_cached_verdicts_the_first_call_runs_the_graph_once(timer_of):
+    timer_of(FakeTimer(3.0, 3.0, 3.0))   # nothing faster: the kept form is the graph as planned
+    x, w = torch.randn(8, 64), torch.randn(64)
+    _run(x, w)
+    second = timer_of(FakeTimer(3.0, 3.0, 3.0))
+    torch._dynamo.reset()
+    fn = compiled(norm_block)
+    counts = []
+    for _ in range(2):
+        launched = []
+        registry.LAUNCH_HOOK = lambda name: launched.append(name) or contextlib.nullcontext()
+        try:
+            torch.testing.assert_close(fn(x, w), norm_block(x, w))
+        finally:
+            registry.LAUNCH_HOOK = None
+        counts.append(len(launched))
+    assert second.kernel_calls == 0 and second.call_calls == 0
+    assert counts[0] == counts[1] > 0   # the checking run's outputs are returned: no second run

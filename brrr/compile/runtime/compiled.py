@@ -267,9 +267,10 @@ class CompiledGraph:
         re-planned with its ops as ATen calls (`replan`, bounded by the re-plans left); any other failure of
         brrr's, or running out of re-plans, runs the graph's own FX module. The graph never writes into its
         inputs, so a call that failed half-way can simply run again. On a GPU the checked kernels are then
-        measured against their rooflines (floor.py), without the checking call's outputs held. A backward
-        that owns its inputs and is measured so keeps them on the host (handed_over.py), and each of these runs
-        frees a fresh copy at its last use, as every later call does."""
+        measured against their rooflines (floor.py), without the checking call's outputs held; where their
+        verdicts are cached, they are applied and the checking call's outputs returned. A backward that owns its
+        inputs and is measured so keeps them on the host (handed_over.py), and each of these runs frees a fresh
+        copy at its last use, as every later call does."""
         handed = handed_over.HandedOver.of(args) if self.owns_inputs and floor.enabled(self) else None
         while True:
             try:
@@ -289,6 +290,9 @@ class CompiledGraph:
                 self.call, self.source = replanned.call, replanned.source
                 self.kernel_choices = replanned.kernel_choices
         if not floor.enabled(self):
+            return out
+        if floor.known(self):   # verdicts measured before: applied without a run, so the checked output stands
+            floor.settle(self, args)
             return out
         del out
         if handed is not None:

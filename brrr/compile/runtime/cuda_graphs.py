@@ -143,12 +143,15 @@ def span(t):
     return t.as_strided((extent,), (1,), t.storage_offset())
 
 
-def copy_keeping_layout(t, device=None):
+def copy_keeping_layout(t, device=None, pinned=False):
     """A copy of t with its exact sizes and strides (an expanded tensor stays expanded) on `device` (t's own by
-    default): the memory t spans, copied, with t's view rebuilt over it."""
+    default): the memory t spans, copied, with t's view rebuilt over it. `pinned`: a copy of a GPU tensor to the
+    host goes to page-locked memory, copied without waiting (stream-ordered, as a copy back from it is)."""
     flat = span(t)
-    copy = torch.empty(flat.shape, dtype=t.dtype, device=device if device is not None else t.device)
-    copy.copy_(flat)
+    device = device if device is not None else t.device
+    pinned = pinned and t.is_cuda and device.type == "cpu"
+    copy = torch.empty(flat.shape, dtype=t.dtype, device=device, pin_memory=pinned)
+    copy.copy_(flat, non_blocking=pinned or (flat.device.type == "cpu" and flat.is_pinned()))
     return torch.empty(0, dtype=t.dtype, device=copy.device).set_(copy.untyped_storage(), 0, t.size(), t.stride())
 
 

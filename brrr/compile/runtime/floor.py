@@ -244,6 +244,16 @@ def _store(key, graph, verdicts, digests):
     write_atomic(os.path.join(folder("floor"), f"{key}.json"), json.dumps(entry, indent=1).encode())
 
 
+def known(graph):
+    """Whether `graph`'s verdicts are cached: settling it then runs nothing."""
+    try:
+        return _load(cache_key(graph)) is not None
+    except Exception as e:
+        if debugging():
+            raise
+        return False
+
+
 def settle(graph, args):
     """Measure `graph` (a verified CompiledGraph) on `args` (a list, or handed_over.HandedOver inputs: a fresh
     copy each run) and keep its fastest form; True when it changed."""

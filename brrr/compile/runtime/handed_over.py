@@ -27,7 +27,10 @@ class HandedOver:
 
     def __init__(self, args):
         self.devices = [a.device if isinstance(a, torch.Tensor) else None for a in args]
-        self.host = [copy_keeping_layout(a, torch.device("cpu")) if isinstance(a, torch.Tensor) else a for a in args]
+        # page-locked: the copies each way queue on the stream instead of waiting on it (a ConvNeXt training
+        # step's first call spent ~10 s of a 96 s cold compile in 12533 pageable copies, benchmarks/NOTES.md)
+        self.host = [copy_keeping_layout(a, torch.device("cpu"), pinned=True) if isinstance(a, torch.Tensor) else a
+                     for a in args]
 
     @classmethod
     def of(cls, args):
