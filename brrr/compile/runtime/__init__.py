@@ -5,7 +5,8 @@ Takes: a scheduled `Plan`, its FX GraphModule and the compile options (CUDA grap
 Hands on: a `compiled.CompiledGraph`, a boxed callable that runs the generated `call(args)`; lean_autograd.py
 runs a plain graph's forward and backward without AOTAutograd's wrappers.
 
-compiled.py generates the call and loads the kernels (cache.py); launch.py launches them without the JIT's
+compiled.py generates the call and loads the kernels (cache.py); graph_cache.py keeps compiled graphs on disk, so
+a second compile of a graph assembles it without planning; launch.py launches them without the JIT's
 per-call work; cuda_graphs.py replays a whole call as a CUDA graph; replay_choice.py times launching against
 replaying, and among_ranks.py makes data-parallel ranks agree on the verdict; handed_over.py keeps a backward's
 inputs on the host through its measured first call; kernel_registry.py records every kernel by the name a
