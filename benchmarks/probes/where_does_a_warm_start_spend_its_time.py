@@ -27,6 +27,7 @@ PHASES = [
     ("brrr: plan_graph", "brrr.compile.backend", "plan_graph"),
     ("brrr: assemble (kernels loaded, compiled)", "brrr.compile.runtime.compiled", "assemble"),
     ("brrr: graph cache load", "brrr.compile.runtime.graph_cache", "load"),
+    ("brrr: AOT cache load (AOTAutograd's graphs)", "brrr.compile.runtime.aot_cache", "load"),
     ("brrr: first calls (check, floor, call)", "brrr.compile.runtime.compiled", "CompiledGraph._first_call"),
     ("brrr: floor settle", "brrr.compile.runtime.floor", "settle"),
     ("brrr: floor alternatives", "brrr.compile.runtime.floor", "_try_alternatives"),

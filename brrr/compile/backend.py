@@ -141,7 +141,7 @@ def static_inputs(graph_kind):
 
 
 def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind="forward", matmul_templates=None,
-                  symbolic_sizes=False):
+                  symbolic_sizes=False, statics=None):
     """One core-ATen graph -> a callable. `sink` (explain) observes each plan instead of building it;
     `matmul_templates` is brrr.compile's option (matmul/choice.py).
 
@@ -161,7 +161,8 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
     if reason:
         raise GraphFallback(reason)
     forced, split, replans = {}, set(), []
-    statics = static_inputs(graph_kind)   # read now: a re-plan may run after AOTAutograd's context has closed
+    if statics is None:   # read now: a re-plan may run after AOTAutograd's context has closed
+        statics = static_inputs(graph_kind)
 
     def attempt():
         with sizes.planning(), sizes.recording_guards(example_inputs if symbolic_sizes else (), graph_kind, sink):
@@ -332,7 +333,9 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
     None where brrr cannot (the caller then compiles it per shape)."""
     from torch._dynamo.backends.common import aot_autograd
 
-    from brrr.compile.runtime.lean_autograd import GraphCapture, lean_backward_patch
+    from brrr.compile.runtime import aot_cache, graph_cache
+    from brrr.compile.runtime.compiled import CompiledGraph
+    from brrr.compile.runtime.lean_autograd import GraphCapture, lean_backward_patch, lean_callable_of
 
     capture = GraphCapture()
     compiling = [True]   # a backward compiled lazily, after the backend returned, cannot fall back to Dynamo
@@ -375,6 +378,12 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
     # AOTAutograd's runtime for every graph (to compare the two)
     patch = lean_backward_patch()
     lean = _sink is None and os.environ.get("BRRR_AOT_RUNTIME") != "1"
+    kept = aot_cache.key(gm, example_inputs, {"matmul_templates": matmul_templates, "recompute": recompute}) \
+        if lean and patch is not None and not symbolic_sizes and graph_cache.enabled() else None
+    if kept is not None:
+        compiled = _from_aot_cache(kept, example_inputs, cuda_graphs, matmul_templates)
+        if compiled is not None:
+            return compiled
     try:
         with patch or contextlib.nullcontext():
             compiled = backend(gm, example_inputs)
@@ -394,10 +403,51 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
     if not lean or patch is None:
         return compiled
     try:
-        return capture.lean_callable(example_inputs) or compiled
+        spec = capture.lean_spec(example_inputs)
+        if spec is None:
+            return compiled
+        first = capture.inference or capture.forward
+        run = lean_callable_of(spec, first[1], first[0], capture.backward[1] if capture.backward else None)
     except Exception as e:
         recover(e, "the lean runtime could not wrap this graph", "using AOTAutograd's runtime")
         return compiled
+    if kept is not None and all(isinstance(c, CompiledGraph) for _, c in _captured(capture)):
+        aot_cache.store(kept, spec, {kind: g for kind, (g, _) in _captured_by_kind(capture)}, first[1].static_inputs)
+    return run
+
+
+def _captured_by_kind(capture):
+    return [(kind, getattr(capture, kind)) for kind in ("inference", "forward", "backward")
+            if getattr(capture, kind) is not None]
+
+
+def _captured(capture):
+    return [graphs for _, graphs in _captured_by_kind(capture)]
+
+
+def _from_aot_cache(key, example_inputs, cuda_graphs, matmul_templates):
+    """The lean runtime over the graphs AOTAutograd made for this Dynamo graph before (aot_cache.py), each compiled
+    through `compile_graph` (whose graph cache serves its plan), or None where none is kept or one cannot compile."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from brrr.compile.runtime import aot_cache
+    from brrr.compile.runtime.lean_autograd import lean_callable_of
+
+    found = aot_cache.load(key, torch._guards.detect_fake_mode(example_inputs) or FakeTensorMode())
+    if found is None:
+        return None
+    spec, graphs, statics = found
+    first = "inference" if spec.kind == "inference" else "forward"
+    try:
+        compiled = compile_graph(graphs[first], [], cuda_graphs=cuda_graphs, graph_kind=first,
+                                 matmul_templates=matmul_templates, statics=statics)
+        backward = compile_graph(graphs["backward"], [], cuda_graphs=cuda_graphs, graph_kind="backward",
+                                 matmul_templates=matmul_templates) if spec.kind == "training" else None
+    except GraphFallback as e:
+        fallbacks.log("graph", first, "kept AOTAutograd graphs", str(e))
+        aot_cache.forget(key)
+        return None
+    return lean_callable_of(spec, compiled, graphs[first], backward)
 
 
 def make_backend(**options):

@@ -1,11 +1,12 @@
-"""A process compiling a training step with brrr against a graph cache other processes use too
+"""A process compiling a training step with brrr against graph and AOT caches other processes use too
 (test_graph_cache.py).
 
     BRRR_CACHE_DIR=DIR python -m tests.compile.graph_cache_worker MODE OUT_DIR
 
 MODE
-  run    compiles and runs `Block`'s training step; saves its loss, its gradients, the graph cache's counters
-         and the entries it found to OUT_DIR/<pid>.pt.
+  run    compiles and runs `Block`'s training step, then its inference; saves the loss, the gradients, the
+         inference's output, the graph and AOT caches' counters and how often AOTAutograd traced to
+         OUT_DIR/<pid>.pt.
   race   waits for OUT_DIR/go, then does what `run` does (two at once write the same entries).
   pause  does what `run` does, holding its first graph entry's write between the temporary file and the rename
          (after touching OUT_DIR/paused) until SIGINT arrives; prints "done" if the compile ever finishes.
@@ -50,13 +51,26 @@ def step(model, x):
 
 
 def run(out_dir):
-    from brrr.compile.backend import brrr_backend
-    from brrr.compile.runtime import graph_cache
+    from torch._dynamo.backends import common
 
+    from brrr.compile.backend import brrr_backend
+    from brrr.compile.runtime import aot_cache, graph_cache
+
+    traced = []
+    aot = common.aot_module_simplified
+
+    def counted(*args, **kwargs):
+        traced.append(1)
+        return aot(*args, **kwargs)
+
+    common.aot_module_simplified = counted   # the backend's AOTAutograd looks it up there at each compile
     model, x = model_and_input()
-    loss, grads = step(torch.compile(model, backend=brrr_backend, dynamic=False), x)
-    torch.save({"loss": loss, "grads": grads, "stats": dict(graph_cache.STATS)},
-               os.path.join(out_dir, f"{os.getpid()}.pt"))
+    compiled = torch.compile(model, backend=brrr_backend, dynamic=False)
+    loss, grads = step(compiled, x)
+    with torch.no_grad():
+        inference = compiled(x)
+    torch.save({"loss": loss, "grads": grads, "inference": inference, "stats": dict(graph_cache.STATS),
+                "aot": dict(aot_cache.STATS), "aot_traced": len(traced)}, os.path.join(out_dir, f"{os.getpid()}.pt"))
 
 
 def race(out_dir):

@@ -1,6 +1,6 @@
-"""The graph cache (runtime/graph_cache.py): a second compile of a graph, in another process, plans nothing and
-computes what eager does; whatever changes the plan misses; damaged, raced and interrupted entries never serve a
-wrong graph."""
+"""The graph cache (runtime/graph_cache.py) and the AOT cache (runtime/aot_cache.py): a second compile, in another
+process, traces nothing in AOTAutograd, plans nothing and computes what eager does; whatever changes the plan or
+AOTAutograd's product misses; damaged, raced and interrupted entries never serve a wrong graph."""
 
 import json
 import signal
@@ -27,6 +27,9 @@ def assert_eager(result):
     torch.testing.assert_close(result["loss"], loss, rtol=1e-5, atol=1e-6)
     for got, want in zip(result["grads"], grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    model, x = model_and_input()
+    with torch.no_grad():
+        torch.testing.assert_close(result["inference"], model(x), rtol=1e-5, atol=1e-6)
 
 
 def run_worker(tmp_path, cache, mode="run", label="run"):
@@ -47,15 +50,85 @@ def assert_whole(cache):
     assert not list((cache / "graphs").glob(".tmp-*"))
 
 
-def test_a_second_process_plans_nothing_and_equals_eager(tmp_path):
+def test_a_second_process_traces_and_plans_nothing_and_equals_eager(tmp_path):
     cache = tmp_path / "cache"
     cold = run_worker(tmp_path, cache, label="cold")
-    assert cold["stats"]["planned"] == 2 and cold["stats"]["stored"] == 2   # the forward and the backward
-    assert len(entries(cache)) == 2
+    # the forward, the backward and the inference graph; AOTAutograd for the training and the inference step
+    assert cold["stats"]["planned"] == 3 and cold["stats"]["stored"] == 3
+    assert cold["aot_traced"] == 2 and cold["aot"]["stored"] == 2
+    assert len(entries(cache)) == 3 and len(list((cache / "aot").glob("*.pkl"))) == 2
     warm = run_worker(tmp_path, cache, label="warm")
-    assert warm["stats"]["planned"] == 0 and warm["stats"]["hits"] == 2 and warm["stats"]["stored"] == 0
+    assert warm["stats"]["planned"] == 0 and warm["stats"]["hits"] == 3 and warm["stats"]["stored"] == 0
+    assert warm["aot_traced"] == 0 and warm["aot"]["hits"] == 2
     assert_eager(cold)
     assert_eager(warm)
+
+
+def test_a_damaged_aot_entry_is_traced_again(tmp_path, monkeypatch):
+    from brrr.compile.runtime import aot_cache
+
+    monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("BRRR_GRAPH_CACHE", "1")
+    monkeypatch.setattr(aot_cache, "STATS", dict.fromkeys(aot_cache.STATS, 0))
+    x, w, c = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True), torch.randn(8)
+
+    def train(x, w, c):
+        return _graph(x, w, c).sum()
+
+    def check():
+        torch._dynamo.reset()
+        torch.compile(train, backend=brrr_backend, dynamic=False)(x, w, c).backward()
+        got, w.grad = w.grad, None
+        train(x, w, c).backward()
+        torch.testing.assert_close(got, w.grad, rtol=1e-5, atol=1e-6)
+        w.grad = None
+
+    check()
+    (path,) = (tmp_path / "aot").glob("*.pkl")
+    for damage in (lambda b: b[: len(b) // 2], lambda b: b"", lambda b: b[:70] + bytes([b[70] ^ 1]) + b[71:]):
+        path.write_bytes(damage(path.read_bytes()))
+        check()
+    assert aot_cache.STATS["hits"] == 0 and aot_cache.STATS["misses"] == 4 and aot_cache.STATS["stored"] == 4
+    check()
+    assert aot_cache.STATS["hits"] == 1
+
+
+def test_what_aotautograd_depends_on_changes_the_aot_key():
+    from brrr.compile.runtime import aot_cache
+
+    x, w, c = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)
+    gm = _gm(x, w, c)
+
+    def key(*inputs):
+        return aot_cache.key(gm, inputs, {})
+
+    base = key(x, w, c)
+    assert base is not None and key(x, w, c) == base
+    changed = {"requires_grad": key(x, w.requires_grad_(), c)}
+    w.requires_grad_(False)
+    with torch.no_grad():
+        changed["grad mode"] = key(x, w, c)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        changed["autocast"] = key(x, w, c)
+    changed["a parameter"] = key(x, torch.nn.Parameter(w, requires_grad=False), c)
+    assert all(k is not None and k != base for k in changed.values()), changed
+    assert len(set(changed.values())) == len(changed)
+
+
+def test_a_graph_needing_aotautograd_s_runtime_is_not_kept(tmp_path, monkeypatch):
+    from brrr.compile.runtime import aot_cache
+
+    monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("BRRR_GRAPH_CACHE", "1")
+    torch._dynamo.reset()
+
+    def view_of_input(x):   # an output aliasing an input: AOTAutograd's runtime regenerates the view
+        return x.view(-1), x.sin()
+
+    x = torch.randn(4, 8, requires_grad=True)
+    out = torch.compile(view_of_input, backend=brrr_backend, dynamic=False)(x)
+    torch.testing.assert_close(out[1], x.sin())
+    assert not list((tmp_path / "aot").glob("*.pkl"))
 
 
 def _graph(x, w, c):
@@ -186,7 +259,7 @@ def test_two_processes_writing_one_key_leave_one_whole_entry(tmp_path):
     finish(procs, TIMEOUT_S)
     for proc in procs:
         assert_eager(torch.load(tmp_path / f"{proc.pid}.pt"))
-    assert len(entries(cache)) == 2
+    assert len(entries(cache)) == 3
     assert_whole(cache)
     warm = run_worker(tmp_path, cache, label="after")
     assert warm["stats"]["planned"] == 0
@@ -202,6 +275,6 @@ def test_an_interrupted_compile_leaves_nothing_trusted(tmp_path):
     assert "done" not in (tmp_path / "pause.log").read_text()
     assert entries(cache) == [] and not list((cache / "graphs").glob(".tmp-*"))
     after = run_worker(tmp_path, cache, label="after")
-    assert after["stats"]["planned"] == 2
+    assert after["stats"]["planned"] == 3
     assert_eager(after)
     assert_whole(cache)

@@ -352,9 +352,9 @@ def _backward_frees(monkeypatch, owns):
     if not owns:
         real_training = lean_autograd._training_callable
 
-        def keeping(capture):
-            run = real_training(capture)
-            capture.backward[1].owns_inputs = False
+        def keeping(spec, fw_gm, fw_call, bw_call):
+            run = real_training(spec, fw_gm, fw_call, bw_call)
+            bw_call.owns_inputs = False
             return run
         monkeypatch.setattr(lean_autograd, "_training_callable", keeping)
 

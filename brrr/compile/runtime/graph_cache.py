@@ -93,9 +93,10 @@ def _symbolic(val):
     return False
 
 
-def key(gm, kind, forced=(), split=(), options=None):
+def key(gm, kind, forced=(), split=(), options=None, extra=()):
     """The entry's name for `gm` planned as `kind` with the FX nodes `forced` to ATen and the plan `split` at
-    `split`, or None when it is not kept (symbolic sizes, constants this cache cannot key)."""
+    `split`, or None when it is not kept (symbolic sizes, constants this cache cannot key). `extra`: more of what
+    the entry depends on, as text (aot_cache.py: the caller's grad and autocast state)."""
     import triton
 
     try:
@@ -109,7 +110,7 @@ def key(gm, kind, forced=(), split=(), options=None):
                   sorted((k, v) for k, v in os.environ.items()
                          if k.startswith("BRRR_") and k not in _IGNORED_SETTINGS),
                   os.environ.get("TRITON_INTERPRET", ""), sorted((options or {}).items()),
-                  sorted(n.name for n in forced), sorted(n.name for n in split), gm.code):
+                  sorted(n.name for n in forced), sorted(n.name for n in split), list(extra), gm.code):
             part(p)
         for node in gm.graph.nodes:
             val = node.meta.get("val", node.meta.get("example_value"))

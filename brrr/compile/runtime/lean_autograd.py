@@ -22,6 +22,7 @@ under an active fake mode, it runs the captured FX graph, never brrr's kernels.
 
 import contextlib
 import threading
+from dataclasses import dataclass
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -57,11 +58,50 @@ class GraphCapture:
 
     def lean_callable(self, example_inputs):
         """brrr's own runtime for the captured graphs, or None when AOTAutograd's must stay."""
+        spec = self.lean_spec(example_inputs)
+        if spec is None:
+            return None
+        graphs = self.inference or self.forward
+        return lean_callable_of(spec, graphs[1], graphs[0], self.backward[1] if self.backward else None)
+
+    def lean_spec(self, example_inputs):
+        """What brrr's runtime needs of AOTAutograd's metadata (LeanSpec), or None when its runtime must stay."""
         if plain_reason(self, example_inputs) is not None:
             return None
+        meta = self.meta
         if self.inference is not None:
-            return _inference_callable(*self.inference, _unsafe_view_outputs(self.meta), _mutated_inputs(self.meta))
-        return _training_callable(self)
+            return LeanSpec("inference", _unsafe_view_outputs(meta), _mutated_inputs(meta))
+        n_out = meta.num_forward_returns
+        n_saved = len(_outputs(self.forward[0])) - n_out
+        return LeanSpec(
+            "training", _unsafe_view_outputs(meta), _mutated_inputs(meta), n_out,
+            tuple(i for i, o in enumerate(meta.output_info) if not o.requires_grad),
+            tuple(i for i, o in enumerate(meta.output_info) if o.requires_grad), n_saved,
+            tuple(tuple(p.meta["val"].stride()) for p in _placeholders(self.backward[0])[n_saved:]))
+
+
+@dataclass(frozen=True)
+class LeanSpec:
+    """All brrr's runtime reads of AOTAutograd's metadata, in plain values (the captured-graph cache keeps it):
+    the outputs to regenerate (views of intermediates), the inputs the graph updates, and for training the
+    forward's user outputs, which need no gradient and which do, how many tensors it saves, and the strides the
+    backward's tangents were traced with."""
+    kind: str                   # "inference" | "training"
+    unsafe_views: tuple
+    mutated: tuple
+    n_out: int = 0
+    non_diff: tuple = ()
+    diff: tuple = ()
+    n_saved: int = 0
+    tangent_strides: tuple = ()
+
+
+def lean_callable_of(spec, compiled, gm, backward=None):
+    """brrr's runtime for a forward or inference graph `gm` compiled as `compiled` (and a training graph's
+    compiled `backward`), as `spec` describes them."""
+    if spec.kind == "inference":
+        return _inference_callable(gm, compiled, spec.unsafe_views, spec.mutated)
+    return _training_callable(spec, gm, compiled, backward)
 
 
 def _outputs(gm):
@@ -216,16 +256,9 @@ def _copy_kept_gradients(bw_call, args):
             a.grad = a.grad.clone(memory_format=torch.preserve_format)
 
 
-def _training_callable(capture):
-    meta = capture.meta
-    (fw_gm, fw_call), bw_call = capture.forward, capture.backward[1]
-    n_out = meta.num_forward_returns
-    non_diff = tuple(i for i, o in enumerate(meta.output_info) if not o.requires_grad)
-    diff = tuple(i for i, o in enumerate(meta.output_info) if o.requires_grad)
-    n_saved = len(_outputs(capture.forward[0])) - n_out
-    tangent_strides = tuple(tuple(p.meta["val"].stride()) for p in _placeholders(capture.backward[0])[n_saved:])
-    unsafe_views = _unsafe_view_outputs(meta)
-    mutated = _mutated_inputs(meta)
+def _training_callable(spec, fw_gm, fw_call, bw_call):
+    n_out, non_diff, diff, n_saved = spec.n_out, spec.non_diff, spec.diff, spec.n_saved
+    tangent_strides, unsafe_views, mutated = spec.tangent_strides, spec.unsafe_views, spec.mutated
     n_mut = len(mutated)
     updates = threading.local()   # the forward's new values of updated inputs, written back after autograd's call
     lending = isinstance(fw_call, CompiledGraph) and isinstance(bw_call, CompiledGraph)

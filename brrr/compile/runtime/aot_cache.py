@@ -1,0 +1,105 @@
+"""AOTAutograd's product for a Dynamo graph, kept on disk (capture -> **runtime**): a second compile of a plain
+graph skips AOTAutograd's tracing and partition as well as brrr's planning.
+
+A warm start of BERT MLM training spent 4.7 of its 10.9 s in AOTAutograd (benchmarks/NOTES.md, "What does the
+graph cache leave of a warm start?"), and torch's own AOTAutograd cache keeps only Inductor's compiled graphs. Where
+brrr runs a graph with its lean runtime (lean_autograd.py: AOTAutograd's metadata says the graph is plain),
+everything that runtime reads is kept: the forward (or inference) and backward graphs AOTAutograd made, with their
+node metadata (torch's GraphPickler, fake tensors and all), the positions of the static inputs and the LeanSpec.
+A hit compiles each graph through `compile_graph` (the graph cache then serves its plan) and wraps them in the
+lean runtime; a graph needing AOTAutograd's runtime is never kept here.
+
+The key (`key`): Dynamo's graph after the Dynamo-graph passes (its code, every node's value metadata, its
+constants' values), each example input's type, sizes, strides, dtype, device and requires_grad, the caller's grad
+mode and autocast state, brrr's options and the rest of what a graph cache key holds (graph_cache.key). An entry is
+one file, a digest of its content ahead of it, written atomically; one that is damaged, of another format or that
+this torch cannot unpickle is a miss. BRRR_GRAPH_CACHE=0 turns this cache off with the graph cache.
+"""
+
+import hashlib
+import os
+import pickle
+
+import torch
+
+from brrr.compile.cache import folder, write_atomic
+from brrr.compile.runtime import graph_cache
+from brrr.compile.runtime.lean_autograd import LeanSpec
+
+FORMAT = 1
+STATS = {"hits": 0, "misses": 0, "stored": 0, "refused": 0}
+
+
+def _caller_state(example_inputs):
+    """What AOTAutograd's product depends on besides the graph: grad mode, autocast, and the inputs."""
+    state = [f"grad={torch.is_grad_enabled()}"]
+    for device in ("cuda", "cpu"):
+        try:
+            state.append(f"autocast {device}={torch.is_autocast_enabled(device)} {torch.get_autocast_dtype(device)}")
+        except (AttributeError, RuntimeError, TypeError):
+            state.append(f"autocast {device}=?")
+    for x in example_inputs:
+        state.append(f"{type(x).__name__}:{graph_cache._value_meta(x) if isinstance(x, torch.Tensor) else x!r}")
+    return state
+
+
+def key(gm, example_inputs, options):
+    """The entry's name for Dynamo's graph `gm` called with `example_inputs`, or None where it is not kept."""
+    try:
+        state = _caller_state(example_inputs)
+    except graph_cache.Unkept:
+        STATS["refused"] += 1
+        return None
+    return graph_cache.key(gm, "dynamo", options=options, extra=state)
+
+
+def _path(k):
+    return os.path.join(folder("aot"), f"{k}.pkl")
+
+
+def _pickler():
+    from torch.fx._graph_pickler import GraphPickler, Options
+
+    return GraphPickler, Options(ops_filter=None)   # brrr's own ops (the fused loss) are kept too
+
+
+def store(k, spec, graphs, statics):
+    """Keep `graphs` (kind -> GraphModule AOTAutograd made), `spec` and `statics` under `k`."""
+    try:
+        pickler, options = _pickler()
+        body = pickler.dumps({"format": FORMAT, "spec": spec, "graphs": graphs, "statics": statics}, options)
+    except Exception:   # a graph holding what GraphPickler cannot write: compiled in full every time
+        STATS["refused"] += 1
+        return False
+    write_atomic(_path(k), hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+    STATS["stored"] += 1
+    return True
+
+
+def load(k, fake_mode):
+    """(spec, graphs, statics) kept under `k`, their fake tensors in `fake_mode`, or None (a miss)."""
+    try:
+        with open(_path(k), "rb") as f:
+            data = f.read()
+        digest, _, body = data.partition(b"\n")
+        if hashlib.sha256(body).hexdigest().encode() != digest:
+            raise ValueError("damaged")
+        pickler, _ = _pickler()
+        entry = pickler.loads(body, fake_mode)
+        if entry.get("format") != FORMAT or not isinstance(entry.get("spec"), LeanSpec):
+            raise ValueError("another format")
+        for gm in entry["graphs"].values():
+            gm.recompile()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, ImportError, pickle.UnpicklingError,
+            RuntimeError):
+        STATS["misses"] += 1
+        return None
+    STATS["hits"] += 1
+    return entry["spec"], entry["graphs"], entry["statics"]
+
+
+def forget(k):
+    try:
+        os.unlink(_path(k))
+    except OSError:
+        pass
