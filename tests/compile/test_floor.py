@@ -223,12 +223,7 @@ def test_the_kept_form_comes_from_the_graph_cache_planning_nothing(timer_of, mon
     torch.testing.assert_close(fn(x, w), norm_block(x, w))
     assert graph_cache.STATS["planned"] == 3 and graph_cache.STATS["hits"] == 2   # as planned, then the kept form
     assert second.kernel_calls == 0 and second.call_calls == 0
-    launched = []
-    registry.LAUNCH_HOOK = lambda name: launched.append(name) or contextlib.nullcontext()
-    try:
-        torch.testing.assert_close(fn(x, w), norm_block(x, w))
-    finally:
-        registry.LAUNCH_HOOK = None
+    launched = _launched(fn, x, w)
     assert launched and not any(_fuses_relu_and_mean(n) for n in launched)   # the split form runs
 
 
@@ -239,14 +234,17 @@ def test_with_cached_verdicts_the_first_call_runs_the_graph_once(timer_of):
     second = timer_of(FakeTimer(3.0, 3.0, 3.0))
     torch._dynamo.reset()
     fn = compiled(norm_block)
-    counts = []
-    for _ in range(2):
-        launched = []
-        registry.LAUNCH_HOOK = lambda name: launched.append(name) or contextlib.nullcontext()
-        try:
-            torch.testing.assert_close(fn(x, w), norm_block(x, w))
-        finally:
-            registry.LAUNCH_HOOK = None
-        counts.append(len(launched))
+    counts = [len(_launched(fn, x, w)) for _ in range(2)]
     assert second.kernel_calls == 0 and second.call_calls == 0
     assert counts[0] == counts[1] > 0   # the checking run's outputs are returned: no second run
+
+
+def _launched(fn, x, w):
+    """The kernels one call of `fn` launched (interpreted launches open LAUNCH_HOOK), its values checked."""
+    launched = []
+    registry.LAUNCH_HOOK = lambda name: launched.append(name) or contextlib.nullcontext()
+    try:
+        torch.testing.assert_close(fn(x, w), norm_block(x, w))
+    finally:
+        registry.LAUNCH_HOOK = None
+    return launched
