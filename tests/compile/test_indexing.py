@@ -114,3 +114,22 @@ def test_terms_over_loaded_values_sort_in_the_order_first_seen_not_by_address():
         assert [t.base for t in both.terms] == [first, later]
         assert [t.base for t in (Ix([Term(later, None, 1, None, 3)]) + Ix([Term(first, None, 1, None, 1)])).terms] \
             == [first, later]
+
+
+def test_memoized_indices_equal_fresh_ones_and_tell_ranges_apart():
+    from brrr.compile.ir import indexing
+
+    indexing._MEMO.clear()
+    shape, order = (4, 2, 4), (2, 1, 0)
+    small, large = Ix.var("xindex", 8), Ix.var("xindex", 64)   # equal Ix.key(), different ranges
+    for flat in (small, large, small):
+        got = indexing.unflatten(flat, shape, order)
+        assert [i.render() for i in got] == [i.render() for i in indexing._unflatten(flat, shape, order)]
+    # in range 8, (x // 4) % 2 needs no modulo; in range 64 it does
+    assert indexing.unflatten(small, shape, order)[1].render() == "xindex // 4"
+    assert indexing.unflatten(large, shape, order)[1].render() == "(xindex // 4) % 2"
+    idx = indexing.unflatten(large, shape, order)
+    idx[0] = Ix()   # callers change the list they get: the next caller's list is whole
+    assert indexing.unflatten(large, shape, order)[0].render() == "xindex // 8"
+    for strides in ((8, 4, 1), (1, 16, 2)):
+        assert indexing.linear(idx, strides, 3).render() == indexing._linear(idx, strides, 3).render()
