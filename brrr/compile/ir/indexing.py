@@ -41,7 +41,7 @@ class Term:
 
 
 class Ix:
-    __slots__ = ("terms", "const")
+    __slots__ = ("terms", "const", "memo")   # memo: its value key (_ix_memo_key), once asked for
 
     def __init__(self, terms=(), const=0):
         self.terms, self.const = _canonical(list(terms)) if terms else (), size(const)
@@ -314,15 +314,21 @@ def _ix_memo_key(ix):
     symbolic number cannot be keyed by value."""
     if _plain(ix):
         return ix
-    if not isinstance(ix, Ix) or not _plain(ix.const):
+    if not isinstance(ix, Ix):
         return None
+    try:
+        return ix.memo
+    except AttributeError:
+        pass
     out = [ix.const]
     for t in ix.terms:
         if not (isinstance(t.base, str) and (t.brange is None or _plain(t.brange)) and _plain(t.div)
                 and (t.mod is None or _plain(t.mod)) and _plain(t.coeff)):
-            return None
+            out = None
+            break
         out.append((t.base, t.brange, t.div, t.mod, t.coeff))
-    return tuple(out)
+    ix.memo = tuple(out) if out is not None and _plain(ix.const) else None
+    return ix.memo
 
 
 def _memo_key(kind, indices, numbers, extra):
