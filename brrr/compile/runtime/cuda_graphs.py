@@ -150,7 +150,11 @@ def copy_keeping_layout(t, device=None, pinned=False):
     flat = span(t)
     device = device if device is not None else t.device
     pinned = pinned and t.is_cuda and device.type == "cpu"
-    copy = torch.empty(flat.shape, dtype=t.dtype, device=device, pin_memory=pinned)
+    try:
+        copy = torch.empty(flat.shape, dtype=t.dtype, device=device, pin_memory=pinned)
+    except RuntimeError:   # page-locked memory refused (a host short of it): pageable, copied in turn
+        pinned = False
+        copy = torch.empty(flat.shape, dtype=t.dtype, device=device)
     copy.copy_(flat, non_blocking=pinned or (flat.device.type == "cpu" and flat.is_pinned()))
     return torch.empty(0, dtype=t.dtype, device=copy.device).set_(copy.untyped_storage(), 0, t.size(), t.stride())
 
