@@ -411,18 +411,11 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
     except Exception as e:
         recover(e, "the lean runtime could not wrap this graph", "using AOTAutograd's runtime")
         return compiled
-    if kept is not None and all(isinstance(c, CompiledGraph) for _, c in _captured(capture)):
-        aot_cache.store(kept, spec, {kind: g for kind, (g, _) in _captured_by_kind(capture)}, first[1].static_inputs)
+    captured = {kind: getattr(capture, kind) for kind in ("inference", "forward", "backward")
+                if getattr(capture, kind) is not None}
+    if kept is not None and all(isinstance(c, CompiledGraph) for _, c in captured.values()):
+        aot_cache.store(kept, spec, {kind: g for kind, (g, _) in captured.items()}, first[1].static_inputs)
     return run
-
-
-def _captured_by_kind(capture):
-    return [(kind, getattr(capture, kind)) for kind in ("inference", "forward", "backward")
-            if getattr(capture, kind) is not None]
-
-
-def _captured(capture):
-    return [graphs for _, graphs in _captured_by_kind(capture)]
 
 
 def _from_aot_cache(key, example_inputs, cuda_graphs, matmul_templates):

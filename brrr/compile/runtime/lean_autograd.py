@@ -56,14 +56,6 @@ class GraphCapture:
             context = torch._guards.TracingContext.try_get()
             self.meta = getattr(context, "fw_metadata", None)
 
-    def lean_callable(self, example_inputs):
-        """brrr's own runtime for the captured graphs, or None when AOTAutograd's must stay."""
-        spec = self.lean_spec(example_inputs)
-        if spec is None:
-            return None
-        graphs = self.inference or self.forward
-        return lean_callable_of(spec, graphs[1], graphs[0], self.backward[1] if self.backward else None)
-
     def lean_spec(self, example_inputs):
         """What brrr's runtime needs of AOTAutograd's metadata (LeanSpec), or None when its runtime must stay."""
         if plain_reason(self, example_inputs) is not None:
