@@ -32,6 +32,8 @@ PHASES = [
     ("brrr: floor settle", "brrr.compile.runtime.floor", "settle"),
     ("brrr: floor alternatives", "brrr.compile.runtime.floor", "_try_alternatives"),
     ("brrr: graph or captured (the first calls)", "brrr.compile.runtime.captured_choice", "CompiledOrCaptured.__call__"),
+    ("brrr: a backward's inputs kept on the host", "brrr.compile.runtime.handed_over", "HandedOver.__init__"),
+    ("brrr: kernels loaded from their binaries", "brrr.compile.runtime.launch", "load_binary"),
 ]
 SPENT = {}
 
@@ -151,7 +153,7 @@ def main():
                        TORCHINDUCTOR_CACHE_DIR=f"{d}/inductor")
             runs = [("cold", args.cold_profile, {}), ("warm", False, {})]
             if backend == "brrr" and not args.cold_profile:
-                runs += [("warm, graph cache off", False, {"BRRR_GRAPH_CACHE": "0"}), ("warm, profiled", True, {})]
+                runs += [("warm-no-graph-cache", False, {"BRRR_GRAPH_CACHE": "0"}), ("warm-profiled", True, {})]
             for label, profile, extra in [r for r in runs if args.runs is None or r[0] in args.runs.split(",")]:
                 cmd = [sys.executable, __file__, "--config", args.config, "--child", backend, "--device", args.device] + \
                       (["--profile"] if profile else []) + (["--quick"] if args.quick else [])

@@ -248,3 +248,40 @@ def _launched(fn, x, w):
     finally:
         registry.LAUNCH_HOOK = None
     return launched
+
+
+def two_blocks(x, m, w):
+    """norm_block, a matmul, norm_block again at the same size: two kernels of one source."""
+    return norm_block(norm_block(x, w) @ m, w)
+
+
+def test_kernels_of_one_source_are_one_decision_and_a_second_compile_builds_the_timed_form(timer_of, monkeypatch):
+    """A repeated layer's kernels share a source, and a cached verdict is applied by source: the alternative timed
+    is the one with every such kernel replaced, so the second compile builds that very form, from the graph
+    cache."""
+    from brrr.compile.runtime import graph_cache
+
+    monkeypatch.setenv("BRRR_GRAPH_CACHE", "1")
+    monkeypatch.setattr(graph_cache, "STATS", dict.fromkeys(graph_cache.STATS, 0))
+    timer = timer_of(FakeTimer(3.0, 2.0, 2.5))
+    x, y, w = torch.randn(8, 64), torch.randn(64, 64), torch.randn(64)
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled(two_blocks)(x, y, w), two_blocks(x, y, w))
+    slow = [v for v in floor.DECISIONS if _fuses_relu_and_mean(v.kernel)]
+    assert len(slow) == 2 and len({v.kernel for v in slow}) == 2
+    assert timer.call_calls == 5 and set(timer.forms) == {"fused", "split", "aten"}   # one decision, not two
+    assert [v.kept for v in slow] == ["split", "split"]
+    planned = graph_cache.STATS["planned"]
+    second = timer_of(FakeTimer(3.0, 2.0, 2.5))
+    torch._dynamo.reset()
+    fn = compiled(two_blocks)
+    torch.testing.assert_close(fn(x, y, w), two_blocks(x, y, w))
+    assert second.kernel_calls == 0 and second.call_calls == 0
+    assert graph_cache.STATS["planned"] == planned and graph_cache.STATS["hits"] == 2
+    launched = []
+    registry.LAUNCH_HOOK = lambda name: launched.append(name) or contextlib.nullcontext()
+    try:
+        torch.testing.assert_close(fn(x, y, w), two_blocks(x, y, w))
+    finally:
+        registry.LAUNCH_HOOK = None
+    assert launched and not any(_fuses_relu_and_mean(n) for n in launched)

@@ -194,3 +194,75 @@ def test_static_launcher_declines_what_it_cannot_launch():
     class NotAKernel:
         pass
     assert launch.static_kernel(NotAKernel(), 2, 0) is None
+
+
+def test_a_kept_binary_launches_from_the_first_call_and_loads_the_jit_only_when_a_call_needs_it(gpu_like):
+    """A graph cache hit hands launchers their kernels' binaries: the first call launches directly, without
+    Triton's JIT; a call the binary was not compiled for (a misaligned tensor) loads the JIT function then."""
+    calls, loads = [], []
+
+    class StaticKernel:
+        function, num_warps, shared = "cu-function", 4, 0
+
+    binary = (lambda *a: calls.append(a)), StaticKernel(), "OO", ()
+    jit = FakeJIT()
+
+    def load():
+        loads.append(1)
+        return jit
+    k = launch.Launcher(None, (4,), {"XBLOCK": 128, "num_warps": 4}, load=load, binary=binary)
+    a, b = aligned(8), aligned(8)
+    k(a, b)
+    k(a, b)
+    assert len(calls) == 2 and not loads and not jit.calls
+    assert calls[0][:8] == ("cu-function", 4, 1, 1, 4, 0, "OO", (a, b))
+    k(a[1:], b)
+    assert loads == [1] and [c[0] for c in jit.calls] == ["jit"]
+    retuned = k.retuned(8)
+    retuned(a, b)
+    assert retuned.meta["num_warps"] == 8 and len(calls) == 2 and jit.calls[-1][3]["num_warps"] == 8
+
+
+def test_a_kept_binary_is_refused_where_its_first_call_does_not_fit_it(gpu_like):
+    class StaticKernel:
+        function, num_warps, shared = "cu-function", 4, 0
+    calls = []
+    jit = FakeJIT()
+    k = launch.Launcher(None, (4,), {"XBLOCK": 128}, load=lambda: jit,
+                        binary=((lambda *a: calls.append(a)), StaticKernel(), "OOi", ()))
+    a, b = aligned(8), aligned(8)
+    k(a, b, 8)   # a scalar argument: not what a binary is kept for
+    assert not calls and [c[0] for c in jit.calls] == ["jit"]
+
+
+class KeptStatic:
+    """Stands in for torch's static launcher class in a kept binary."""
+    def __init__(self, cubin_path):
+        self.cubin_path, self.arg_tys, self.name = cubin_path, "OO", "k"
+        self.has_global_scratch = self.has_profile_scratch = False
+        self.function = None
+
+    def load_kernel(self, device):
+        self.function = f"loaded on {device}"
+
+    @property
+    def C_impl(self):
+        return type("C", (), {"_launch_kernel": "launch"})
+
+
+def test_a_kept_binary_loads_only_with_its_own_cubin(tmp_path, monkeypatch):
+    import hashlib
+    import pickle
+
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(b"\x7fELF kernel")
+    state = dict(vars(KeptStatic(str(cubin))), cubin_digest=hashlib.sha256(cubin.read_bytes()).hexdigest())
+    state.pop("function")
+    blob = pickle.dumps((KeptStatic, state))
+    launch_fn, sk, arg_tys, extra = launch.load_binary(blob, 3)
+    assert (launch_fn, sk.function, arg_tys, extra) == ("launch", "loaded on 3", "OO", ())
+    cubin.write_bytes(b"\x7fELF kern")          # truncated
+    assert launch.load_binary(blob, 3) is None
+    cubin.unlink()                               # gone
+    assert launch.load_binary(blob, 3) is None
+    assert launch.load_binary(b"not a pickle", 3) is None

@@ -11,6 +11,7 @@ passes (matmul epilogue fusion: brrr.compile.matmul.fusion), so the runtime impo
 
 import ast
 import concurrent.futures
+import functools
 import os
 import weakref
 from collections import Counter
@@ -25,7 +26,7 @@ from brrr.compile.fallbacks import KernelFailed, debugging, is_out_of_memory, re
 from brrr.compile.ir import nodes as ir, sizes
 from brrr.compile.runtime import among_ranks, floor, handed_over, kernel_registry
 from brrr.compile.runtime.cuda_graphs import GraphedCall, SharedPool, data_ptrs
-from brrr.compile.runtime.launch import Launcher, tma_descriptor
+from brrr.compile.runtime.launch import Launcher, binary_of, load_binary, tma_descriptor
 from brrr.compile.runtime.replay_choice import ReplayTrial
 from brrr.compile.scheduling.inplace import reused_memory
 
@@ -470,6 +471,7 @@ class KernelSpec:
     fresh_slots: tuple
     symbols: int
     warm_dtypes: tuple = None
+    binary: bytes = None   # the compiled kernel as launch.load_binary loads it (no JIT), where there is one
 
 
 def _globals():
@@ -478,24 +480,22 @@ def _globals():
 
 
 def assemble(source, constants, specs, gm, cuda_graphs, kind, device, device_index):
-    """The CompiledGraph running `source` (a generated `call`) with `constants` and `specs`' kernels, loaded from
-    the kernel cache on device `device` (its name) and compiled where missing, one thread per core. A kernel that
+    """The CompiledGraph running `source` (a generated `call`) with `constants` and `specs`' kernels, on device
+    `device` (its name): each from the binary its spec keeps (a graph cache hit: no JIT), else from the kernel
+    cache and compiled where missing, one thread per core. A kernel that
     fails to compile raises KernelFailed with its FX nodes. `build` calls it on a fresh plan, the graph cache
     (graph_cache.py) on a saved one: planning ends here."""
     glb = {**_globals(), **constants}
     # Triton compiles kernels mostly outside the GIL (MLIR passes, ptxas): one thread per core
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(_usable_cpus(), max(1, len(specs)))) as pool:
-        futs = {spec.name: pool.submit(_load_and_warm, spec, device) for spec in specs}
+        futs = {spec.name: pool.submit(_launcher, spec, device, device_index) for spec in specs}
         for spec in specs:
             try:
-                jit_fn = futs[spec.name].result()
+                glb[spec.name] = futs[spec.name].result()
             except Exception as e:
                 if debugging() or is_out_of_memory(e):
                     raise
                 raise KernelFailed(spec.name, "compile", e, spec.fx_nodes) from e
-            grid = tuple(1 if isinstance(g, torch.SymInt) else g for g in spec.grid)   # given per call instead
-            glb[spec.name] = Launcher(jit_fn, grid, spec.meta, name=spec.name, fx_nodes=spec.fx_nodes,
-                                      fresh_slots=spec.fresh_slots, symbols=spec.symbols)
     filename = f"<brrr call {hash(source) & 0xffffff:x}>"
     dump_dir = os.environ.get("BRRR_DUMP_DIR")
     if dump_dir:  # the generated call, to read beside a traceback that points into it
@@ -692,15 +692,34 @@ def _cuda_device(plan):
 
 
 def _load_and_warm(spec, device):
+    """The JIT function of `spec`, compiled now where it can be, and the binary `launch.load_binary` loads in
+    another process (None where there is none)."""
     k = load_kernel(spec.source, spec.name, device)
     # a kernel reading TMA descriptors compiles at its first launch: dtypes cannot stand in for descriptors
     if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() and spec.warm_dtypes is not None:
         from triton.compiler.errors import CompilationError
 
         try:   # compile now, in this worker, rather than at the first launch (dtypes stand in for tensors)
-            k.warmup(*spec.warm_dtypes, grid=spec.grid, **spec.meta)
+            compiled = k.warmup(*spec.warm_dtypes, grid=spec.grid, **spec.meta)
         except CompilationError:
             raise   # the kernel itself is broken: build() re-plans without it
         except Exception:
-            pass    # warm-up could not run here; the first launch compiles (and reports) instead
-    return k
+            return k, None    # warm-up could not run here; the first launch compiles (and reports) instead
+        # the binary the first launch will run: that launch passes aligned tensors of these dtypes, as warm-up did
+        return k, binary_of(compiled, len(spec.warm_dtypes)) if not spec.symbols else None
+    return k, None
+
+
+def _launcher(spec, device, device_index):
+    """A Launcher for `spec`: from its kept binary where that loads (no JIT), else through the JIT (compiled
+    here); `spec.binary` is then what this process compiled, for the graph cache to keep."""
+    load = functools.partial(load_kernel, spec.source, spec.name, device)
+    grid = tuple(1 if isinstance(g, torch.SymInt) else g for g in spec.grid)   # given per call instead
+    common = dict(name=spec.name, fx_nodes=spec.fx_nodes, fresh_slots=spec.fresh_slots, symbols=spec.symbols,
+                  load=load)
+    if spec.binary is not None and device_index is not None and os.environ.get("TRITON_INTERPRET") != "1":
+        loaded = load_binary(spec.binary, device_index)
+        if loaded is not None:
+            return Launcher(None, grid, spec.meta, binary=loaded, **common)
+    jit_fn, spec.binary = _load_and_warm(spec, device)
+    return Launcher(jit_fn, grid, spec.meta, **common)

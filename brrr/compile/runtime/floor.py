@@ -11,10 +11,11 @@ How, on the first call of a graph on a GPU (CompiledGraph._first_call runs `sett
   are dropped at once and the RNG state is restored: the user's random stream is eager's). Its roofline time is
   bytes at the measured copy bandwidth and FLOPs at the measured FP32 rate (brrr.cost.device's ceilings).
 - A kernel is slow below THRESHOLD of its roofline, where at least AT_STAKE seconds a call could be won.
-- For the slow kernels, the most at stake first (MAX_SLOW), the alternatives: the kernel launched with half and
-  with twice its warps, then two forms compiled through the backend's `alternative` (backend.compile_graph): the
-  plan split at the kernel's fusions (its later roots start kernels of their own, and the values its reductions
-  read are stored), and the kernel's ops as ATen calls. The graph as it stands and each alternative are timed as
+- For the slow kernels, the most at stake first (MAX_SLOW sources; the kernels of one source, a repeated layer's,
+  are one decision), the alternatives: the kernel launched with half and with twice its warps, then two forms
+  compiled through the backend's `alternative` (backend.compile_graph): the plan split at the kernel's fusions
+  (its later roots start kernels of their own, and the values its reductions read are stored), and the kernel's
+  ops as ATen calls. The graph as it stands and each alternative are timed as
   whole calls (CUDA events, the median of CALL_SAMPLES, after a checking call); an alternative is kept when it
   saves MARGIN. Choices accumulate, kernel by kernel.
 - The verdicts are cached on disk (cache.folder("floor")), one file per graph, keyed by the sources of its
@@ -46,7 +47,7 @@ MAX_SLOW = 3           # slow kernels given alternatives per graph (each alterna
 KERNEL_SAMPLES = 2     # instrumented calls; each kernel keeps its least time
 CALL_SAMPLES = 5       # timed whole calls per candidate, after one checking call
 HEAD_START_CYCLES = 20_000_000   # ~10 ms of GPU clock: longer than the host takes to queue a large graph
-VERSION = 3            # of the verdicts' format and rules: a change makes old verdicts miss
+VERSION = 4            # of the verdicts' format and rules: a change makes old verdicts miss
 
 TIMER = None           # a stand-in for DeviceTimer (tests)
 DECISIONS = []         # Verdict records, process-wide, in the order they were made
@@ -291,7 +292,7 @@ def _settle(graph, args):
     slow.sort(key=lambda x: -x[0])
     digests = {}
     if slow:
-        _try_alternatives(graph, args, timer, slow[:MAX_SLOW], digests)
+        _try_alternatives(graph, args, timer, slow, digests)
     for v in verdicts:
         log(v)
     _store(key, graph, verdicts, digests)
@@ -300,46 +301,63 @@ def _settle(graph, args):
 
 def _try_alternatives(graph, args, timer, slow, digests):
     """For each slow kernel in turn, on the graph's fastest form so far: its launch with half and twice the warps,
-    then the plan split at its fusions and its ops as ATen calls (each kept by whole-call time, MARGIN)."""
+    then the plan split at its fusions and its ops as ATen calls (each kept by whole-call time, MARGIN). Kernels of
+    one source (a repeated layer's) are one decision, taken for all of them: a cached verdict is applied by
+    source (`_apply`), so the form timed here is the form a second compile builds."""
     base = timer.call_time(graph, args)
     force, split, warps, best = set(), set(), {}, None
-    for _, v, c in slow:
-        v.tried["fused"] = base
+    for digest, verdicts in _by_source(slow)[:MAX_SLOW]:
+        same = [c for c in graph.kernel_choices if c.digest == digest]
+        fx_nodes = {fx for c in same for fx in c.fx_nodes}
+        split_at = {fx for c in same for fx in c.split_at}
+        tried, kept = {"fused": base}, "fused"
         current = best or graph
-        name = _name_of(current, c.digest)
-        for w in _warp_choices(current, name):
-            previous = _retune(current, name, w)
-            t = v.tried[f"{w} warps"] = timer.call_time(current, args)
-            _retune(current, name, previous)
+        names = _names_of(current, digest)
+        for w in _warp_choices(current, names[0] if names else None):
+            previous = _retune(current, names, w)
+            t = tried[f"{w} warps"] = timer.call_time(current, args)
+            _retune(current, names, previous)
             if t < MARGIN * base:
-                base, v.kept, warps[c.digest] = t, f"{w} warps", w
-        if c.digest in warps:
-            _retune(current, name, warps[c.digest])
+                base, kept, warps[digest] = t, f"{w} warps", w
+        if digest in warps:
+            _retune(current, names, warps[digest])
         for way in ("split", "aten"):
-            if way == "split" and not set(c.split_at) - split:
+            if way == "split" and not split_at - split:
                 continue   # nothing to split: the same plan
-            f = force | set(c.fx_nodes) if way == "aten" else force
-            p = split | set(c.split_at) if way == "split" else split
+            f = force | fx_nodes if way == "aten" else force
+            p = split | split_at if way == "split" else split
             alt = graph.alternative(tuple(f), tuple(p))
             if alt is None:
                 continue
-            _apply_warps(alt, {d: n for d, n in warps.items() if d != c.digest})
-            t = v.tried[way] = timer.call_time(alt, args)
+            _apply_warps(alt, {d: n for d, n in warps.items() if d != digest})
+            t = tried[way] = timer.call_time(alt, args)
             if t < MARGIN * base:
-                base, best, v.kept = t, alt, way
+                base, best, kept = t, alt, way
                 kept_force, kept_split = f, p
-        if v.kept in ("split", "aten"):
-            warps.pop(c.digest, None)
+        if kept in ("split", "aten"):
+            warps.pop(digest, None)
             force, split = kept_force, kept_split
-        if v.kept != "fused":
-            digests[c.digest] = v.kept
+        if kept != "fused":
+            digests[digest] = kept
+        for v in verdicts:
+            v.tried, v.kept = dict(tried), kept
     if best is not None:
         graph.adopt(tuple(force), tuple(split))
         _adopt_form(graph, best)
 
 
-def _name_of(form, digest):
-    return next((c.name for c in form.kernel_choices if c.digest == digest), None)
+def _by_source(slow):
+    """[(digest, verdicts)] of the slow kernels (stake, verdict, choice), one entry per source, the most summed
+    stake first."""
+    stakes, verdicts = {}, {}
+    for stake, v, c in slow:
+        stakes[c.digest] = stakes.get(c.digest, 0.0) + stake
+        verdicts.setdefault(c.digest, []).append(v)
+    return [(d, verdicts[d]) for d in sorted(stakes, key=lambda d: -stakes[d])]
+
+
+def _names_of(form, digest):
+    return [c.name for c in form.kernel_choices if c.digest == digest]
 
 
 def _warp_choices(form, name):
@@ -351,22 +369,22 @@ def _warp_choices(form, name):
     return tuple(n for n in (w // 2, w * 2) if 1 <= n <= 16 and n != w)
 
 
-def _retune(form, name, warps):
-    """Launch kernel `name` of `form` with `warps` warps from now on; returns the count it had."""
-    from brrr.compile.runtime.launch import Launcher
-
+def _retune(form, names, warps):
+    """Launch the kernels `names` of `form` with `warps` warps from now on; returns the count the first had."""
     glb = form.call.__globals__
-    old = glb[name]
-    glb[name] = Launcher(old.jit_fn, old.grid, {**old.meta, "num_warps": warps}, name=old.name,
-                         fx_nodes=old.fx_nodes, fresh_slots=old.fresh_slots, symbols=old.symbols)
-    return old.meta.get("num_warps", 4)
+    had = None
+    for name in names:
+        old = glb.get(name)
+        if old is None:
+            continue
+        had = old.meta.get("num_warps", 4) if had is None else had
+        glb[name] = old.retuned(warps)
+    return had if had is not None else 4
 
 
 def _apply_warps(form, warps):
     for digest, n in warps.items():
-        name = _name_of(form, digest)
-        if name is not None and form.call.__globals__.get(name) is not None:
-            _retune(form, name, n)
+        _retune(form, _names_of(form, digest), n)
 
 
 def _apply(graph, digests, verdicts):

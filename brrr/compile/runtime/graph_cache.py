@@ -3,9 +3,10 @@ nothing.
 
 Lowering, scheduling and code generation are a pure function of a graph and what brrr was asked, so their
 product is kept: the generated `call`, its constants, and each kernel's source, grid and launch meta
-(compiled.KernelSpec), with the floor's view of each kernel (floor.KernelChoice) and the analyzer's
-(kernel_registry.KernelMeta). A hit hands them to `compiled.assemble`, which loads the kernels from the kernel
-cache (their binaries from Triton's) and runs the call; nothing is lowered, scheduled or generated
+(compiled.KernelSpec) with its compiled binary where torch's static launcher takes it (launch.binary_of), the
+floor's view of each kernel (floor.KernelChoice) and the analyzer's (kernel_registry.KernelMeta). A hit hands
+them to `compiled.assemble`, which loads each kernel's binary without Triton's JIT (the others from the kernel
+cache, their binaries from Triton's) and runs the call; nothing is lowered, scheduled or generated
 (`STATS["planned"]` counts what was).
 
 The key (`key`): the graph's code, every node's value metadata (sizes, strides, dtypes, devices), the value
@@ -26,6 +27,7 @@ written leaves none. A kept graph whose first call fails is forgotten (`forget`)
 cache off.
 """
 
+import base64
 import functools
 import hashlib
 import importlib
@@ -40,7 +42,7 @@ from brrr.compile.cache import folder, write_atomic
 from brrr.compile.runtime import floor, kernel_registry
 from brrr.compile.runtime.compiled import KernelSpec, assemble
 
-FORMAT = 1
+FORMAT = 2
 MAX_CONSTANT_BYTES = 16 << 20   # constants hashed into the key; a graph reading a larger one is not kept
 STATS = {"hits": 0, "misses": 0, "stored": 0, "planned": 0, "refused": 0}
 _IGNORED_SETTINGS = {"BRRR_CACHE_DIR", "BRRR_DUMP_DIR", "BRRR_GRAPH_CACHE"}
@@ -221,6 +223,7 @@ def store(k, compiled, gm):
             "kernels": [{"name": s.name, "source": s.source, "grid": list(s.grid), "meta": s.meta,
                          "fx_nodes": [n.name for n in s.fx_nodes], "fresh_slots": list(s.fresh_slots),
                          "symbols": s.symbols,
+                         "binary": None if s.binary is None else base64.b64encode(s.binary).decode(),
                          "warm_dtypes": None if s.warm_dtypes is None else [str(d).removeprefix("torch.")
                                                                             for d in s.warm_dtypes]}
                         for s in specs],
@@ -289,13 +292,15 @@ def load(k, gm, cuda_graphs):
         source, specs, renames = payload["source"], [], {}
         for spec in payload["kernels"]:
             name, text = kernel_registry.claim(spec["name"], spec["source"])
+            binary = None if spec["binary"] is None else base64.b64decode(spec["binary"])
             if name != spec["name"]:   # another live graph holds the name for other code
                 renames[spec["name"]] = name
                 source = kernel_registry.renamed(source, spec["name"], name)
+                binary = None   # compiled under the old name, which profiles would show: compiled again
             specs.append(KernelSpec(name, text, tuple(spec["grid"]), spec["meta"],
                                     tuple(nodes[n] for n in spec["fx_nodes"]), tuple(spec["fresh_slots"]),
                                     spec["symbols"], None if spec["warm_dtypes"] is None else
-                                    tuple(getattr(torch, d) for d in spec["warm_dtypes"])))
+                                    tuple(getattr(torch, d) for d in spec["warm_dtypes"]), binary))
         choices = [floor.KernelChoice(renames.get(c["name"], c["name"]), c["digest"], c["flops"], c["bytes"],
                                       tuple(nodes[n] for n in c["fx_nodes"]), tuple(nodes[n] for n in c["split_at"]))
                    for c in payload["choices"]]

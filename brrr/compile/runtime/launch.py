@@ -28,7 +28,9 @@ an int64 variant.
 generated call makes them per call, and the matmul stage when it times the template.
 """
 
+import hashlib
 import os
+import pickle
 
 import torch
 
@@ -101,6 +103,11 @@ def static_kernel(kernel, n_args, device, symbols=0):
     """(C launch function, static kernel, argument type codes, extra trailing args) to launch `kernel` with
     torch's static launcher, or None when it cannot (then Triton's own launcher is used). `symbols`: the
     trailing arguments that are sizes (int32 "i" or int64 "l")."""
+    sk = _unloaded_static(kernel, n_args, symbols)
+    return _loaded(sk, device) if sk is not None else None
+
+
+def _unloaded_static(kernel, n_args, symbols=0):
     try:
         metadata = kernel.metadata
         if getattr(metadata, "launch_pdl", False) or getattr(metadata, "launch_cooperative_grid", False):
@@ -108,13 +115,54 @@ def static_kernel(kernel, n_args, device, symbols=0):
         if getattr(kernel, "_cubin_path", None) is None:
             kernel._cubin_path = _cubin_file(kernel)
         sk = _static_launcher_class()(kernel)
-        sk.load_kernel(device)
-        extra = tuple(None for flag in (sk.has_global_scratch, sk.has_profile_scratch) if flag)
-        arg_tys = sk.arg_tys + "O" * len(extra)
         pointers, sizes = sk.arg_tys[:n_args - symbols], sk.arg_tys[n_args - symbols:]
         if len(sk.arg_tys) != n_args or set(pointers) != {"O"} or not set(sizes) <= {"i", "l"}:
             return None   # other scalars or constants in the signature: Triton's launcher handles those
-        return sk.C_impl._launch_kernel, sk, arg_tys, extra
+        return sk
+    except Exception:
+        return None
+
+
+def _loaded(sk, device):
+    try:
+        sk.load_kernel(device)
+        extra = tuple(None for flag in (sk.has_global_scratch, sk.has_profile_scratch) if flag)
+        return sk.C_impl._launch_kernel, sk, sk.arg_tys + "O" * len(extra), extra
+    except Exception:
+        return None
+
+
+_UNPICKLED = ("C_impl", "function", "module")   # the loaded module's handles, and the C launcher: per process
+
+
+def binary_of(kernel, n_args):
+    """`kernel` (a compiled Triton kernel of `n_args` tensor arguments) as bytes `load_binary` loads in another
+    process without Triton's JIT (its cubin stays in brrr's cache), or None where torch's static launcher cannot
+    launch it."""
+    sk = _unloaded_static(kernel, n_args)
+    if sk is None:
+        return None
+    state = {k: v for k, v in vars(sk).items() if k not in _UNPICKLED}
+    try:
+        with open(sk.cubin_path, "rb") as f:
+            state["cubin_digest"] = hashlib.sha256(f.read()).hexdigest()
+        return pickle.dumps((type(sk), state))
+    except Exception:
+        return None
+
+
+def load_binary(blob, device):
+    """The static launch `binary_of` kept, loaded on CUDA device `device`; None where it cannot be (its cubin
+    gone from the cache, another torch): the JIT then loads the kernel."""
+    try:
+        cls, state = pickle.loads(blob)
+        with open(state["cubin_path"], "rb") as f:   # gone, truncated or corrupt: the JIT loads the kernel
+            if hashlib.sha256(f.read()).hexdigest() != state.pop("cubin_digest"):
+                return None
+        sk = cls.__new__(cls)
+        vars(sk).update(state)
+        sk.function = sk.module = None
+        return _loaded(sk, device)
     except Exception:
         return None
 
@@ -137,10 +185,16 @@ def _cubin_file(kernel):
 
 
 class Launcher:
-    """`launcher(*args)` == `jit_fn[grid](*args, **meta)`, without the JIT's per-call work once it has run."""
+    """`launcher(*args)` == `jit_fn[grid](*args, **meta)`, without the JIT's per-call work once it has run.
 
-    def __init__(self, jit_fn, grid, meta, name="kernel", fx_nodes=(), fresh_slots=(), symbols=0):
-        self.jit_fn, self.grid, self.meta = jit_fn, tuple(grid), dict(meta)
+    `jit_fn` may be None with `load` a function that returns it: a launcher given `binary` (a kernel loaded by
+    `load_binary`, from the graph cache) launches it directly from its first call and loads the JIT function only
+    when a call needs it (misaligned tensors, launch hooks, a retune)."""
+
+    def __init__(self, jit_fn, grid, meta, name="kernel", fx_nodes=(), fresh_slots=(), symbols=0, load=None,
+                 binary=None):
+        self._jit_fn, self._load = jit_fn, load
+        self.grid, self.meta = tuple(grid), dict(meta)
         self.name, self.fx_nodes = name, fx_nodes   # what a failed JIT launch reports (fallbacks.KernelFailed)
         # arguments the generated call allocates itself just before (the caching allocator's blocks are
         # aligned): only the others can change alignment between calls, so only they are checked per launch
@@ -150,14 +204,33 @@ class Launcher:
         self.grid3 = (self.grid + (1, 1))[:3]
         self.fast = None   # (run, function, packed_metadata, device index, tail args)
         self.static = None  # (C launch, static kernel, arg types, extra args) when torch's launcher takes it
+        self.binary = binary   # the same, loaded before any launch
         self.try_static = os.environ.get("BRRR_STATIC_LAUNCH") != "0"   # read when the graph is built
         self.tensor_slots, self.plain_slots, self.plain_args = (), (), ()
         self.unproven = False   # whether direct launches with TMA descriptors have yet to be tried
         self.narrow_sizes = False   # whether the kernel took its size arguments as int32
 
+    @property
+    def jit_fn(self):
+        if self._jit_fn is None:
+            try:
+                self._jit_fn = self._load()
+            except Exception as e:
+                if isinstance(e, torch.OutOfMemoryError):
+                    raise
+                raise KernelFailed(self.name, "compile", e, self.fx_nodes) from e
+        return self._jit_fn
+
+    def retuned(self, warps):
+        """This kernel launched with `warps` warps (another binary: compiled by the JIT at its first launch)."""
+        return Launcher(self._jit_fn, self.grid, {**self.meta, "num_warps": warps}, name=self.name,
+                        fx_nodes=self.fx_nodes, fresh_slots=self.fresh_slots, symbols=self.symbols, load=self._load)
+
     def __call__(self, *args, grid=None):
         """Launch on `args`; `grid` (a symbolic graph's kernels) is this call's grid, else the one built in."""
         fast = self.fast
+        if fast is None and self.binary is not None:
+            fast = self._prepare_binary(args)
         if fast and self._fits(args):
             static = self.static
             g0, g1, g2 = self.grid3 if grid is None else (tuple(grid) + (1, 1))[:3]
@@ -205,6 +278,37 @@ class Launcher:
             return False   # compiled for int32 sizes: the JIT path compiles the int64 variant
         return not self.plain_slots or tuple(args[i] for i in self.plain_slots) == self.plain_args
 
+    def _prepare_args(self, args):
+        """Keep what `_fits` checks per call, when the first launch's `args` allow direct launches; else False."""
+        descriptors = {i for i, a in enumerate(args) if _is_descriptor(a)}
+        if not all(_device_tensor(a) or type(a) in _PLAIN or i in descriptors for i, a in enumerate(args)):
+            return False
+        enter, exit_ = _launch_hooks()
+        if any(isinstance(a, torch.Tensor) and a.data_ptr() & 15 for a in args) or \
+                not (_hook_chain_idle(enter) and _hook_chain_idle(exit_)):
+            return False
+        self.tensor_slots = tuple(i for i, a in enumerate(args)
+                                  if isinstance(a, torch.Tensor) and i not in self.fresh_slots)
+        self.hook_chains = tuple(h for h in (enter, exit_) if h is not None)
+        # a descriptor is made afresh for each call (it holds its tensor's address), so it is never compared
+        sized = range(len(args) - self.symbols, len(args))
+        self.plain_slots = tuple(i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)
+                                 and i not in descriptors and i not in sized)
+        self.plain_args = tuple(args[i] for i in self.plain_slots)
+        self.unproven = bool(descriptors)
+        self.narrow_sizes = bool(self.symbols) and max(args[len(args) - self.symbols:]) <= INT32_MAX
+        return True
+
+    def _prepare_binary(self, args):
+        """The direct launch of the loaded binary, from the first call (no JIT), where its arguments allow one:
+        a binary is loaded for kernels of tensor arguments only, compiled for aligned ones."""
+        binary, self.binary = self.binary, None
+        if self.try_static and self._prepare_args(args) and not self.plain_slots and not self.unproven \
+                and not self.symbols:
+            self.static = binary
+            self.fast = (None, None, None, _current_device(), ())
+        return self.fast
+
     def _prepare(self, kernel, args):
         """Keep what a direct launch needs, when the first launch compiled a GPU kernel from aligned tensors."""
         self.fast = False   # prepared (or refused) once
@@ -214,25 +318,8 @@ class Launcher:
         except Exception:   # the interpreter, or a Triton whose kernels look different: keep the JIT path
             return
         tail_names = names[len(args):]   # the constexprs; meta's other keys (num_warps) are compile options
-        if any(n not in self.meta for n in tail_names):
+        if any(n not in self.meta for n in tail_names) or not self._prepare_args(args):
             return
-        descriptors = {i for i, a in enumerate(args) if _is_descriptor(a)}
-        if not all(_device_tensor(a) or type(a) in _PLAIN or i in descriptors for i, a in enumerate(args)):
-            return
-        enter, exit_ = _launch_hooks()
-        if any(isinstance(a, torch.Tensor) and a.data_ptr() & 15 for a in args) or \
-                not (_hook_chain_idle(enter) and _hook_chain_idle(exit_)):
-            return
-        self.tensor_slots = tuple(i for i, a in enumerate(args)
-                                  if isinstance(a, torch.Tensor) and i not in self.fresh_slots)
-        self.hook_chains = tuple(h for h in (enter, exit_) if h is not None)
-        # a descriptor is made afresh for each call (it holds its tensor's address), so it is never compared
-        sized = range(len(args) - self.symbols, len(args))
-        self.plain_slots = tuple(i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)
-                                 and i not in descriptors and i not in sized)
-        self.plain_args = tuple(args[i] for i in self.plain_slots)
         self.fast = (run, function, packed, _current_device(), tuple(self.meta[n] for n in tail_names))
-        self.unproven = bool(descriptors)
-        self.narrow_sizes = bool(self.symbols) and max(args[len(args) - self.symbols:]) <= INT32_MAX
-        if self.try_static and not self.plain_slots and not descriptors:
+        if self.try_static and not self.plain_slots and not self.unproven:
             self.static = static_kernel(kernel, len(args), self.fast[3], self.symbols)
