@@ -51,11 +51,12 @@ def generate_all(plan, graph_kind="graph", rewrite_kernels=None):
     """KernelSource per kernel step (reverse order, so a reduction read by a later kernel is stored). Every
     stored node's strides were fixed by the scheduler (scheduling/layout.py). Each kernel takes a name unique in
     the process and is registered with its FLOPs, bytes, ATen ops and modules (kernel_registry.py), for as long
-    as the graph lives. `rewrite_kernels(plan, kernels)`, where given, rewrites the plan's steps and kernels in
+    as the graph lives. A kernel whose source, but for its name, is an earlier one's (a repeated layer's)
+    launches that kernel's function (`KernelSource.function`): it is compiled and loaded once. `rewrite_kernels(plan, kernels)`, where given, rewrites the plan's steps and kernels in
     place before they are registered (the backend passes matmul epilogue fusion)."""
     stored = set(plan.stored)
     kernel_of = {r: k for kind, k in plan.steps if kind == "kernel" for r in k.roots}
-    out = {}
+    out, same_source = {}, {}
     for kind, k in reversed(plan.steps):
         if kind != "kernel":
             continue
@@ -69,10 +70,16 @@ def generate_all(plan, graph_kind="graph", rewrite_kernels=None):
             if debugging() or is_out_of_memory(e):
                 raise
             raise KernelFailed(k.name, "generate", e, kernel_fx_nodes(k, getattr(e, "brrr_rendered", ()))) from e
-        name, text = kernel_registry.claim(k.name, src.source)
-        if name != k.name:
-            k.name = src.name = name
-            src.source = text
+        digest = floor.source_digest(src.source, src.name)
+        first = same_source.get(digest)
+        if first is not None:   # a repeated layer's kernel: it launches the first one's function
+            src.same_as, src.source = first, first.source
+        else:
+            name, text = kernel_registry.claim(k.name, src.source)
+            if name != k.name:
+                k.name = src.name = name
+                src.source = text
+            same_source[digest] = src
         out[k] = src
         stored |= refs
     plan.stored = stored
@@ -100,7 +107,7 @@ def register_kernels(plan, kernels, kind):
         work = kernel_work(k, src, totals, flops_of, position)
         src.work = work
         if gm is not None:
-            kernel_registry.register(kernel_registry.KernelMeta.of(work, src.name, kind), src.source, gm)
+            kernel_registry.register(kernel_registry.KernelMeta.of(work, src.function, kind), src.source, gm)
 
 
 _aten = torch.ops.aten
@@ -448,7 +455,8 @@ def build(plan, gm, cuda_graphs=False, kind="graph", rewrite_kernels=None):
     specs = [KernelSpec(ks.name, ks.source, tuple(ks.grid), dict(ks.meta),
                         kernel_fx_nodes(kernel_steps[ks.name], ks.nodes),
                         tuple(i for i, a in enumerate(ks.args) if a in fresh), len(ks.symbols),
-                        None if getattr(ks, "descriptors", None) else tuple(a.dtype for a in ks.args))
+                        None if getattr(ks, "descriptors", None) else tuple(a.dtype for a in ks.args),
+                        function=ks.function)
              for ks in launches]
     builtin = set(_globals())
     constants = {k: v for k, v in glb.items() if k not in builtin and k not in kernel_steps}
@@ -459,8 +467,8 @@ def build(plan, gm, cuda_graphs=False, kind="graph", rewrite_kernels=None):
 
 @dataclass
 class KernelSpec:
-    """One kernel launch of a generated call, all the call needs to load and launch it: its Triton module's
-    source, its grid and meta (num_warps, ...), the FX nodes it computes (what a re-plan forces to ATen when it
+    """One kernel launch of a generated call (`name`: the call's name for it), all the call needs to load and
+    launch it: its Triton module's source, its grid and meta (num_warps, ...), the FX nodes it computes (what a re-plan forces to ATen when it
     fails), the arguments the call allocates just before, its trailing size arguments, and the dtypes its
     arguments warm it up with (None for a kernel reading TMA descriptors, compiled at its first launch)."""
     name: str
@@ -472,6 +480,11 @@ class KernelSpec:
     symbols: int
     warm_dtypes: tuple = None
     binary: bytes = None   # the compiled kernel as launch.load_binary loads it (no JIT), where there is one
+    function: str = None   # the Triton function `source` defines and the launch runs: `name` unless another
+                           # launch of the graph has this source (generate_all)
+
+    def __post_init__(self):
+        self.function = self.function or self.name
 
 
 def _globals():
@@ -487,15 +500,22 @@ def assemble(source, constants, specs, gm, cuda_graphs, kind, device, device_ind
     (graph_cache.py) on a saved one: planning ends here."""
     glb = {**_globals(), **constants}
     # Triton compiles kernels mostly outside the GIL (MLIR passes, ptxas): one thread per core
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(_usable_cpus(), max(1, len(specs)))) as pool:
-        futs = {spec.name: pool.submit(_launcher, spec, device, device_index) for spec in specs}
-        for spec in specs:
+    # launches of one function go to one thread, in turn: the first compiles it, the others find it compiled
+    # (and a Triton function is never compiled from two threads at once)
+    by_function = {}
+    for spec in specs:
+        by_function.setdefault((spec.function, spec.source), []).append(spec)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(_usable_cpus(), max(1, len(by_function)))) as pool:
+        futs = [(group, pool.submit(_launchers, group, device, device_index)) for group in by_function.values()]
+        for group, fut in futs:
             try:
-                glb[spec.name] = futs[spec.name].result()
+                glb.update(fut.result())
             except Exception as e:
                 if debugging() or is_out_of_memory(e):
                     raise
-                raise KernelFailed(spec.name, "compile", e, spec.fx_nodes) from e
+                # every launch of the function fails as its first did: a re-plan runs all their ops as ATen
+                fx_nodes = tuple(dict.fromkeys(fx for spec in group for fx in spec.fx_nodes))
+                raise KernelFailed(group[0].function, "compile", e, fx_nodes) from e
     filename = f"<brrr call {hash(source) & 0xffffff:x}>"
     dump_dir = os.environ.get("BRRR_DUMP_DIR")
     if dump_dir:  # the generated call, to read beside a traceback that points into it
@@ -694,7 +714,7 @@ def _cuda_device(plan):
 def _load_and_warm(spec, device):
     """The JIT function of `spec`, compiled now where it can be, and the binary `launch.load_binary` loads in
     another process (None where there is none)."""
-    k = load_kernel(spec.source, spec.name, device)
+    k = load_kernel(spec.source, spec.function, device)
     # a kernel reading TMA descriptors compiles at its first launch: dtypes cannot stand in for descriptors
     if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() and spec.warm_dtypes is not None:
         from triton.compiler.errors import CompilationError
@@ -710,12 +730,17 @@ def _load_and_warm(spec, device):
     return k, None
 
 
+def _launchers(group, device, device_index):
+    """{name: Launcher} for the launches `group` of one function (`_launcher` each, in turn)."""
+    return {spec.name: _launcher(spec, device, device_index) for spec in group}
+
+
 def _launcher(spec, device, device_index):
     """A Launcher for `spec`: from its kept binary where that loads (no JIT), else through the JIT (compiled
     here); `spec.binary` is then what this process compiled, for the graph cache to keep."""
-    load = functools.partial(load_kernel, spec.source, spec.name, device)
+    load = functools.partial(load_kernel, spec.source, spec.function, device)
     grid = tuple(1 if isinstance(g, torch.SymInt) else g for g in spec.grid)   # given per call instead
-    common = dict(name=spec.name, fx_nodes=spec.fx_nodes, fresh_slots=spec.fresh_slots, symbols=spec.symbols,
+    common = dict(name=spec.function, fx_nodes=spec.fx_nodes, fresh_slots=spec.fresh_slots, symbols=spec.symbols,
                   load=load)
     if spec.binary is not None and device_index is not None and os.environ.get("TRITON_INTERPRET") != "1":
         loaded = load_binary(spec.binary, device_index)

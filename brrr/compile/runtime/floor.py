@@ -105,7 +105,7 @@ def describe(plan, kernels, fx_nodes_of):
         if work is None or not getattr(step, "roots", None):
             continue
         nodes = fx_nodes_of(step, src)
-        out.append(KernelChoice(src.name, source_digest(src.source, src.name), work.flops, work.bytes, nodes,
+        out.append(KernelChoice(src.name, source_digest(src.source, src.function), work.flops, work.bytes, nodes,
                                 _split_points(step, nodes)))
     return out
 

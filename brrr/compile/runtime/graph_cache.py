@@ -42,7 +42,7 @@ from brrr.compile.cache import folder, write_atomic
 from brrr.compile.runtime import floor, kernel_registry
 from brrr.compile.runtime.compiled import KernelSpec, assemble
 
-FORMAT = 2
+FORMAT = 3
 MAX_CONSTANT_BYTES = 16 << 20   # constants hashed into the key; a graph reading a larger one is not kept
 STATS = {"hits": 0, "misses": 0, "stored": 0, "planned": 0, "refused": 0}
 _IGNORED_SETTINGS = {"BRRR_CACHE_DIR", "BRRR_DUMP_DIR", "BRRR_GRAPH_CACHE"}
@@ -220,7 +220,7 @@ def store(k, compiled, gm):
         payload = {
             "format": FORMAT, "kind": compiled.kind, "source": compiled.source,
             "constants": {name: encode(v, gm) for name, v in constants.items()},
-            "kernels": [{"name": s.name, "source": s.source, "grid": list(s.grid), "meta": s.meta,
+            "kernels": [{"name": s.name, "function": s.function, "source": s.source, "grid": list(s.grid), "meta": s.meta,
                          "fx_nodes": [n.name for n in s.fx_nodes], "fresh_slots": list(s.fresh_slots),
                          "symbols": s.symbols,
                          "binary": None if s.binary is None else base64.b64encode(s.binary).decode(),
@@ -230,7 +230,7 @@ def store(k, compiled, gm):
             "choices": [{"name": c.name, "digest": c.digest, "flops": c.flops, "bytes": c.bytes,
                          "fx_nodes": [n.name for n in c.fx_nodes], "split_at": [n.name for n in c.split_at]}
                         for c in compiled.kernel_choices],
-            "registry": [_registry_entry(s.name) for s in specs],
+            "registry": {s.function: _registry_entry(s.function) for s in specs},
             "fallbacks": [list(f) for f in getattr(compiled, "op_fallbacks", ())],
         }
         body = json.dumps(payload, sort_keys=True)
@@ -289,19 +289,20 @@ def load(k, gm, cuda_graphs):
     try:
         nodes = {n.name: n for n in gm.graph.nodes}
         constants = {name: decode(v, gm) for name, v in payload["constants"].items()}
-        source, specs, renames = payload["source"], [], {}
+        source, specs, functions = payload["source"], [], {}
         for spec in payload["kernels"]:
-            name, text = kernel_registry.claim(spec["name"], spec["source"])
+            function, text = spec["function"], spec["source"]
+            if function not in functions:
+                functions[function] = kernel_registry.claim(function, text)
+            claimed, text = functions[function]
             binary = None if spec["binary"] is None else base64.b64decode(spec["binary"])
-            if name != spec["name"]:   # another live graph holds the name for other code
-                renames[spec["name"]] = name
-                source = kernel_registry.renamed(source, spec["name"], name)
+            if claimed != function:   # another live graph holds the name for other code
                 binary = None   # compiled under the old name, which profiles would show: compiled again
-            specs.append(KernelSpec(name, text, tuple(spec["grid"]), spec["meta"],
+            specs.append(KernelSpec(spec["name"], text, tuple(spec["grid"]), spec["meta"],
                                     tuple(nodes[n] for n in spec["fx_nodes"]), tuple(spec["fresh_slots"]),
                                     spec["symbols"], None if spec["warm_dtypes"] is None else
-                                    tuple(getattr(torch, d) for d in spec["warm_dtypes"]), binary))
-        choices = [floor.KernelChoice(renames.get(c["name"], c["name"]), c["digest"], c["flops"], c["bytes"],
+                                    tuple(getattr(torch, d) for d in spec["warm_dtypes"]), binary, claimed))
+        choices = [floor.KernelChoice(c["name"], c["digest"], c["flops"], c["bytes"],
                                       tuple(nodes[n] for n in c["fx_nodes"]), tuple(nodes[n] for n in c["split_at"]))
                    for c in payload["choices"]]
     except (Unkept, KeyError, AttributeError, RuntimeError, TypeError, ValueError):
@@ -311,11 +312,12 @@ def load(k, gm, cuda_graphs):
                         _device_index(gm))
     compiled.kernel_choices = choices
     compiled.op_fallbacks = [tuple(f) for f in payload["fallbacks"]]
-    for spec, meta in zip(specs, payload["registry"]):
+    for function, (claimed, text) in functions.items():
+        meta = payload["registry"].get(function)
         if meta is not None:
             kernel_registry.register(kernel_registry.KernelMeta(
                 meta["flops"], meta["bytes_read"], meta["bytes_written"], meta["op_class"],
                 None if meta["dtype"] is None else getattr(torch, meta["dtype"]), tuple(meta["ops"]),
-                tuple(tuple(m) for m in meta["modules"]), name=spec.name, graph=meta["graph"]), spec.source, gm)
+                tuple(tuple(m) for m in meta["modules"]), name=claimed, graph=meta["graph"]), text, gm)
     STATS["hits"] += 1
     return compiled

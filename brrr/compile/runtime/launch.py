@@ -139,6 +139,14 @@ def binary_of(kernel, n_args):
     """`kernel` (a compiled Triton kernel of `n_args` tensor arguments) as bytes `load_binary` loads in another
     process without Triton's JIT (its cubin stays in brrr's cache), or None where torch's static launcher cannot
     launch it."""
+    kept = getattr(kernel, "_brrr_binary", False)   # the launches of one function share its binary
+    if kept is not False:
+        return kept
+    kernel._brrr_binary = blob = _binary(kernel, n_args)
+    return blob
+
+
+def _binary(kernel, n_args):
     sk = _unloaded_static(kernel, n_args)
     if sk is None:
         return None
