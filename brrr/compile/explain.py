@@ -231,7 +231,7 @@ def record(ex, kind, gm, plan, kernels):
             work = ks.work   # pricing.KernelWork, from runtime.compiled.generate_all
             nbytes = work.bytes
             space = f"{list(step.shape)}" + (f" reducing dims {list(step.dims)}" if step.dims else "")
-            ex.kernels.append(KernelInfo(f"{kind}.{ks.name}", kind, ks.ops, nbytes, ks.source, space,
+            ex.kernels.append(KernelInfo(f"{kind}.{ks.function}", kind, ks.ops, nbytes, ks.source, space,
                                          [_node_desc(a) for a in reads], [_node_desc(a) for a in ks.stores],
                                          work.flops, work.bytes_read, work.bytes_written,
                                          [path for _, path in work.modules]))

@@ -93,13 +93,17 @@ class KernelSource:
         self.nodes = tuple(nodes)   # the IR nodes computed inside the kernel (roots and inlined producers)
         self.symbols = []           # size symbols passed after the pointers (sizes.py), in the source's order
         self.work = None            # pricing.KernelWork: FLOPs, bytes, ATen ops, modules (compiled.generate_all)
-        self.same_as = None         # the kernel of this graph whose source this one's is, whose function it launches
+        self._function = None       # the Triton function `source` defines, where not `name` (compiled.generate_all)
 
     @property
     def function(self):
-        """The Triton function this kernel launches: its own, or that of the kernel of its graph with the same
-        source (compiled.generate_all): one compile, one binary, one name in profiles for both."""
-        return self.same_as.function if self.same_as is not None else self.name
+        """The Triton function this kernel launches: named after its source (scheduling/naming.py), so kernels
+        of one source are one function, compiled once; `name` where none was given."""
+        return self._function or self.name
+
+    @function.setter
+    def function(self, value):
+        self._function = value
 
 
 class Scope:

@@ -305,7 +305,7 @@ def _timed_here(plan, mm, a, b, bias, fused, consumer_src, tma_fused, producers,
         return tensors[node]
 
     def launch(src):
-        fn = load_kernel(src.source, src.name, name)
+        fn = load_kernel(src.source, src.function, name)
         args = [tensor(x) for x in src.args]
         descriptors = getattr(src, "descriptors", {})
         args = [tma_descriptor(x, *descriptors[i]) if i in descriptors else x for i, x in enumerate(args)]

@@ -29,6 +29,7 @@ from brrr.compile.runtime.cuda_graphs import GraphedCall, SharedPool, data_ptrs
 from brrr.compile.runtime.launch import Launcher, binary_of, load_binary, tma_descriptor
 from brrr.compile.runtime.replay_choice import ReplayTrial
 from brrr.compile.scheduling.inplace import reused_memory
+from brrr.compile.scheduling.naming import function_name
 
 MAX_GRAPH_SHAPES = 8   # CUDA graphs a graph planned at symbolic sizes keeps, one per shape (each holds memory)
 
@@ -51,12 +52,12 @@ def generate_all(plan, graph_kind="graph", rewrite_kernels=None):
     """KernelSource per kernel step (reverse order, so a reduction read by a later kernel is stored). Every
     stored node's strides were fixed by the scheduler (scheduling/layout.py). Each kernel takes a name unique in
     the process and is registered with its FLOPs, bytes, ATen ops and modules (kernel_registry.py), for as long
-    as the graph lives. A kernel whose source, but for its name, is an earlier one's (a repeated layer's)
-    launches that kernel's function (`KernelSource.function`): it is compiled and loaded once. `rewrite_kernels(plan, kernels)`, where given, rewrites the plan's steps and kernels in
+    as the graph lives. Each launches a Triton function named after its source (naming.function_name): kernels
+    of one source (a repeated layer's, or one a re-plan left as it was) are one function, compiled once. `rewrite_kernels(plan, kernels)`, where given, rewrites the plan's steps and kernels in
     place before they are registered (the backend passes matmul epilogue fusion)."""
     stored = set(plan.stored)
     kernel_of = {r: k for kind, k in plan.steps if kind == "kernel" for r in k.roots}
-    out, same_source = {}, {}
+    out = {}
     for kind, k in reversed(plan.steps):
         if kind != "kernel":
             continue
@@ -70,16 +71,9 @@ def generate_all(plan, graph_kind="graph", rewrite_kernels=None):
             if debugging() or is_out_of_memory(e):
                 raise
             raise KernelFailed(k.name, "generate", e, kernel_fx_nodes(k, getattr(e, "brrr_rendered", ()))) from e
-        digest = floor.source_digest(src.source, src.name)
-        first = same_source.get(digest)
-        if first is not None:   # a repeated layer's kernel: it launches the first one's function
-            src.same_as, src.source = first, first.source
-        else:
-            name, text = kernel_registry.claim(k.name, src.source)
-            if name != k.name:
-                k.name = src.name = name
-                src.source = text
-            same_source[digest] = src
+        function = function_name(src.name, floor.source_digest(src.source, src.name))
+        src.function, src.source = kernel_registry.claim(function, kernel_registry.renamed(src.source, src.name,
+                                                                                            function))
         out[k] = src
         stored |= refs
     plan.stored = stored

@@ -5,6 +5,12 @@ index in the graph, so names are unique within a graph and read well in a profil
 `brrr analyze` (`brrr_bn_relu_3`, `brrr_layer_norm_add_7`, `brrr_max_pool2d_bn_add_relu_4`). An op a
 decomposition produced counts as the op it came from (the FX node's `original_aten`: the sub, mul and rsqrt of
 a batch norm read `bn`); views, copies and constants name a kernel only when it holds nothing else.
+
+The Triton function a kernel launches is named after its source instead of its index (`function_name`:
+`brrr_bn_relu_1f3a9c07`): a kernel of the same source elsewhere in the graph (a repeated layer), in another
+form of it (the floor's alternatives re-plan the graph and shift every index) or in another graph is then the
+same function, compiled once. The index names the launch in the generated call, `explain` and the floor's
+verdicts; profiles and `brrr analyze` show the function.
 """
 
 import re
@@ -65,3 +71,9 @@ def kernel_name(members, index, position):
     parts = parts[:MAX_PARTS] or moves[:1] or ["kernel"]
     body = re.sub(r"[^0-9a-zA-Z_]", "_", "_".join(parts))
     return f"brrr_{body}_{index}"
+
+
+def function_name(name, digest):
+    """`brrr_bn_relu_3` with a source digest -> `brrr_bn_relu_<digest[:8]>`."""
+    body, _, index = name.rpartition("_")
+    return f"{body if index.isdigit() and body else name}_{digest[:8]}"
