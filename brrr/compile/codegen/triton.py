@@ -93,17 +93,7 @@ class KernelSource:
         self.nodes = tuple(nodes)   # the IR nodes computed inside the kernel (roots and inlined producers)
         self.symbols = []           # size symbols passed after the pointers (sizes.py), in the source's order
         self.work = None            # pricing.KernelWork: FLOPs, bytes, ATen ops, modules (compiled.generate_all)
-        self._function = None       # the Triton function `source` defines, where not `name` (compiled.generate_all)
-
-    @property
-    def function(self):
-        """The Triton function this kernel launches: named after its source (scheduling/naming.py), so kernels
-        of one source are one function, compiled once; `name` where none was given."""
-        return self._function or self.name
-
-    @function.setter
-    def function(self, value):
-        self._function = value
+        self.function = name        # the Triton function `source` defines: named after it (compiled.generate_all)
 
 
 class Scope:

@@ -174,7 +174,8 @@ def fuse_matmul_epilogues(plan, kernels, interpreted, option=None):
             recover(e, f"fusing {mm.name}'s epilogue failed", "the matmul stays a cuBLAS call")
             continue
         name, text = kernel_registry.claim(name, src.source)
-        src.name, src.source = name, text
+        src.name = src.function = name
+        src.source = text
         step = FusedMatmul(mm, consumer, name)
         del kernels[consumer]
         kernels[step] = src

@@ -272,16 +272,24 @@ class CompiledGraph:
         measured against their rooflines (floor.py), without the checking call's outputs held; where their
         verdicts are cached, they are applied and the checking call's outputs returned. A backward that owns its
         inputs and is measured so keeps them on the host (handed_over.py), and each of these runs frees a fresh
-        copy at its last use, as every later call does."""
-        handed = handed_over.HandedOver.of(args) if self.owns_inputs and floor.enabled(self) else None
+        copy at its last use, as every later call does. Where the verdicts are cached, nothing runs the graph
+        again: the one run frees the inputs themselves, and a failure of it (of kernels that ran in the process
+        that measured them) is raised."""
+        measured = floor.enabled(self)
+        settled = measured and floor.known(self)
+        # verdicts measured before (by a run of these very kernels): this run is the call itself, and frees a
+        # backward's inputs as it goes, as every later call does; nothing needs them again
+        owned = self.owns_inputs and settled
+        handed = handed_over.HandedOver.of(args) if self.owns_inputs and measured and not settled else None
         while True:
             try:
-                out = handed_over.run(self.call, handed if handed is not None else args)
+                out = self.call(args, True) if owned else handed_over.run(self.call, handed if handed is not None
+                                                                          else args)
                 break
             except Exception as e:
                 if self.forget is not None:   # a kept graph that fails is planned afresh next time
                     self.forget()
-                if debugging() or is_out_of_memory(e):
+                if debugging() or is_out_of_memory(e) or owned:   # owned: its inputs are gone, nothing can rerun
                     raise
                 replanned = self.replan(e) if isinstance(e, KernelFailed) and self.replan is not None else None
                 if replanned is None:
@@ -291,9 +299,9 @@ class CompiledGraph:
                     return self.call(handed.fresh() if handed is not None else args)
                 self.call, self.source = replanned.call, replanned.source
                 self.kernel_choices = replanned.kernel_choices
-        if not floor.enabled(self):
+        if not measured:
             return out
-        if floor.known(self):   # verdicts measured before: applied without a run, so the checked output stands
+        if settled:   # verdicts measured before: applied without a run, so the checked output stands
             floor.settle(self, args)
             return out
         del out

@@ -94,9 +94,10 @@ class Kernel:
         kept = [d for d in range(len(self.shape)) if d not in self.dims and self.shape[d] != 1]
         return dict(zip(kept, [j for j, s in enumerate(shape) if s != 1]))
 
-    def row_index(self, shape):
-        """Ix per dim of a per-row node of `shape` (same non-1 sizes as the kept dims)."""
-        full, idx = self.full_index(), [Ix()] * len(shape)
+    def row_index(self, shape, full=None):
+        """Ix per dim of a per-row node of `shape` (same non-1 sizes as the kept dims), taken from `full`, an Ix
+        per dim of S (default: `full_index`)."""
+        full, idx = self.full_index() if full is None else full, [Ix()] * len(shape)
         for d, j in self._row_dims(shape).items():
             idx[j] = full[d]
         return idx
@@ -107,6 +108,12 @@ class Kernel:
         rows = self._row_dims(shape)
         order = [rows[d] for d in self.loop_order() if d in rows]
         return layout.dense_strides(shape, order + [j for j in range(len(shape)) if j not in order])
+
+    def probe(self, node):
+        """The index at which to evaluate root `node` for layout's probes: layout.dim_vars of S, a per-row
+        pointwise root taking those of the kept dims at its own dims (its rank may differ from S's)."""
+        space = layout.dim_vars(self.shape)
+        return self.row_index(node.shape, space) if node.kind == "pointwise" and self.is_row(node) else space
 
     def is_current_row(self, idx, shape):
         """Whether per-row index `idx` (into `shape`) is the row this kernel's program is computing."""
@@ -425,13 +432,13 @@ class Scheduler:
             if kind == "kernel" and k.dims and not k.closed:
                 against = layout.reads_along_rows if k.is_column() else layout.reads_across_rows
                 k.across = any(root.meta.get("reads_along_rows") or
-                               against(self.evaluate(k, root, layout.dim_vars(k.shape))[0], k.shape, k.dims)
+                               against(self.evaluate(k, root, k.probe(root))[0], k.shape, k.dims)
                                for root in k.roots)
             if kind != "kernel" or k.dims or k.closed or len(k.shape) < 2:
                 continue
             main = None
             for root in k.roots:
-                found = layout.largest_input(self.evaluate(k, root, layout.dim_vars(k.shape))[0], k.shape)
+                found = layout.largest_input(self.evaluate(k, root, k.probe(root))[0], k.shape)
                 if found and (main is None or hint(found[1]) > hint(main[1])):
                     main = found
             if main is not None and 2 * hint(main[1]) >= hint(k.xnumel()):   # a heuristic: at the hint sizes
