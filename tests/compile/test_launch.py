@@ -266,3 +266,46 @@ def test_a_kept_binary_loads_only_with_its_own_cubin(tmp_path, monkeypatch):
     cubin.unlink()                               # gone
     assert launch.load_binary(blob, 3) is None
     assert launch.load_binary(b"not a pickle", 3) is None
+
+
+def test_a_binary_that_fails_its_first_launch_leaves_the_launch_to_the_jit(gpu_like):
+    """A kernel that cannot launch here (too much shared memory, say) fails on the JIT path, which reports it as a
+    failed kernel for a re-plan; a binary that fails its first launch leaves that launch to the JIT."""
+    class StaticKernel:
+        function, num_warps, shared = "cu-function", 4, 0
+
+    def refuse(*a):
+        raise RuntimeError("CUDA error: too many resources requested for launch")
+    jit = FakeJIT()
+    k = launch.Launcher(None, (4,), {"XBLOCK": 128}, load=lambda: jit, binary=(refuse, StaticKernel(), "OO", ()))
+    a, b = aligned(8), aligned(8)
+    assert k(a, b) is jit.kernel
+    assert [c[0] for c in jit.calls] == ["jit"] and k.binary is None
+
+
+def test_a_warmed_launch_compiles_before_its_first_call_and_launches_the_binary(gpu_like, monkeypatch):
+    """`warm` compiles a launch's kernel ahead (the floor warms its warp variants in threads at once) and the first
+    call launches the binary, not the JIT."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    calls, warmed = [], []
+
+    class StaticKernel:
+        function, num_warps, shared = "cu-function", 8, 0
+
+    class WarmableJIT(FakeJIT):
+        def warmup(self, *dtypes, grid, **meta):
+            warmed.append((dtypes, grid, meta))
+            return "compiled-kernel"
+    monkeypatch.setattr(launch, "binary_of", lambda kernel, n: b"blob" if kernel == "compiled-kernel" else None)
+    monkeypatch.setattr(launch, "load_binary", lambda blob, device: ((lambda *a: calls.append(a)), StaticKernel(),
+                                                                       "OO", ()) if blob == b"blob" else None)
+    jit = WarmableJIT()
+    k = launch.Launcher(jit, (4,), {"XBLOCK": 128, "num_warps": 4}, warm_dtypes=(torch.float32, torch.float32))
+    variant = k.retuned(8)
+    variant.warm(0)
+    assert warmed == [((torch.float32, torch.float32), (4,), {"XBLOCK": 128, "num_warps": 8})]
+    a, b = aligned(8), aligned(8)
+    variant(a, b)
+    assert len(calls) == 1 and not jit.calls
+    launch.Launcher(jit, (4,), {"XBLOCK": 128}).warm(0)   # no dtypes known: nothing compiled ahead
+    assert len(warmed) == 1

@@ -738,15 +738,17 @@ def _launchers(group, device, device_index):
 
 
 def _launcher(spec, device, device_index):
-    """A Launcher for `spec`: from its kept binary where that loads (no JIT), else through the JIT (compiled
-    here); `spec.binary` is then what this process compiled, for the graph cache to keep."""
+    """A Launcher for `spec`: from its kept binary where that loads (no JIT), else compiled here through the JIT
+    (`spec.binary` is then what this process compiled, for the graph cache to keep) and launched from that binary
+    too: a first launch through the JIT would build Triton's own launcher for the kernel, a compile of its own."""
     load = functools.partial(load_kernel, spec.source, spec.function, device)
     grid = tuple(1 if isinstance(g, torch.SymInt) else g for g in spec.grid)   # given per call instead
     common = dict(name=spec.function, fx_nodes=spec.fx_nodes, fresh_slots=spec.fresh_slots, symbols=spec.symbols,
-                  load=load)
+                  load=load, warm_dtypes=spec.warm_dtypes)
     if spec.binary is not None and device_index is not None and os.environ.get("TRITON_INTERPRET") != "1":
         loaded = load_binary(spec.binary, device_index)
         if loaded is not None:
             return Launcher(None, grid, spec.meta, binary=loaded, **common)
     jit_fn, spec.binary = _load_and_warm(spec, device)
-    return Launcher(jit_fn, grid, spec.meta, **common)
+    loaded = load_binary(spec.binary, device_index) if spec.binary is not None and device_index is not None else None
+    return Launcher(jit_fn, grid, spec.meta, binary=loaded, **common)

@@ -27,6 +27,7 @@ How, on the first call of a graph on a GPU (CompiledGraph._first_call runs `sett
 the floor then runs on any device.
 """
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -313,14 +314,17 @@ def _try_alternatives(graph, args, timer, slow, digests):
         tried, kept = {"fused": base}, "fused"
         current = best or graph
         names = _names_of(current, digest)
-        for w in _warp_choices(current, names[0] if names else None):
-            previous = _retune(current, names, w)
+        glb = current.call.__globals__
+        originals = {n: glb[n] for n in names if glb.get(n) is not None}
+        variants = _variants(current, originals, _warp_choices(current, names[0] if names else None))
+        for w, launchers in variants.items():
+            glb.update(launchers)
             t = tried[f"{w} warps"] = timer.call_time(current, args)
-            _retune(current, names, previous)
+            glb.update(originals)
             if t < MARGIN * base:
                 base, kept, warps[digest] = t, f"{w} warps", w
         if digest in warps:
-            _retune(current, names, warps[digest])
+            glb.update(variants[warps[digest]])
         for way in ("split", "aten"):
             if way == "split" and not split_at - split:
                 continue   # nothing to split: the same plan
@@ -369,17 +373,26 @@ def _warp_choices(form, name):
     return tuple(n for n in (w // 2, w * 2) if 1 <= n <= 16 and n != w)
 
 
+def _variants(form, launchers, choices):
+    """{warps: {name: Launcher}}: `launchers` (one function's) launched with each warp count of `choices`, each
+    count's kernel compiled now, all at once, where the first launches would compile them one after another."""
+    out = {w: {n: k.retuned(w) for n, k in launchers.items()} for w in choices}
+    firsts = [next(iter(v.values())) for v in out.values() if v]
+    if firsts:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(firsts)) as pool:
+            list(pool.map(lambda k: k.warm(form.device), firsts))
+    for v in out.values():
+        for k in list(v.values())[1:]:   # the same kernels, compiled now: each launch loads its binary
+            k.warm(form.device)
+    return out
+
+
 def _retune(form, names, warps):
-    """Launch the kernels `names` of `form` with `warps` warps from now on; returns the count the first had."""
+    """Launch the kernels `names` of `form` with `warps` warps from now on."""
     glb = form.call.__globals__
-    had = None
     for name in names:
-        old = glb.get(name)
-        if old is None:
-            continue
-        had = old.meta.get("num_warps", 4) if had is None else had
-        glb[name] = old.retuned(warps)
-    return had if had is not None else 4
+        if glb.get(name) is not None:
+            glb[name] = glb[name].retuned(warps)
 
 
 def _apply_warps(form, warps):

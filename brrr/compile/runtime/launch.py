@@ -200,8 +200,9 @@ class Launcher:
     when a call needs it (misaligned tensors, launch hooks, a retune)."""
 
     def __init__(self, jit_fn, grid, meta, name="kernel", fx_nodes=(), fresh_slots=(), symbols=0, load=None,
-                 binary=None):
+                 binary=None, warm_dtypes=None):
         self._jit_fn, self._load = jit_fn, load
+        self.warm_dtypes = warm_dtypes   # its arguments' dtypes, to compile it before its first launch (`warm`)
         self.grid, self.meta = tuple(grid), dict(meta)
         self.name, self.fx_nodes = name, fx_nodes   # what a failed JIT launch reports (fallbacks.KernelFailed)
         # arguments the generated call allocates itself just before (the caching allocator's blocks are
@@ -230,15 +231,31 @@ class Launcher:
         return self._jit_fn
 
     def retuned(self, warps):
-        """This kernel launched with `warps` warps (another binary: compiled by the JIT at its first launch)."""
+        """This kernel launched with `warps` warps (another binary: compiled by `warm` or at its first launch)."""
         return Launcher(self._jit_fn, self.grid, {**self.meta, "num_warps": warps}, name=self.name,
-                        fx_nodes=self.fx_nodes, fresh_slots=self.fresh_slots, symbols=self.symbols, load=self._load)
+                        fx_nodes=self.fx_nodes, fresh_slots=self.fresh_slots, symbols=self.symbols, load=self._load,
+                        warm_dtypes=self.warm_dtypes)
+
+    def warm(self, device_index):
+        """Compile the kernel now (from any thread) and launch its binary from the first call, where its dtypes
+        are known; else, or where that fails, the first launch compiles it, and reports what fails."""
+        if self.warm_dtypes is None or self.symbols or device_index is None or \
+                os.environ.get("TRITON_INTERPRET") == "1":
+            return
+        try:
+            blob = binary_of(self.jit_fn.warmup(*self.warm_dtypes, grid=self.grid, **self.meta),
+                             len(self.warm_dtypes))
+        except Exception:
+            return
+        self.binary = load_binary(blob, device_index) if blob is not None else None
 
     def __call__(self, *args, grid=None):
         """Launch on `args`; `grid` (a symbolic graph's kernels) is this call's grid, else the one built in."""
         fast = self.fast
         if fast is None and self.binary is not None:
             fast = self._prepare_binary(args)
+            if fast:
+                return self._first_binary_launch(args, grid)
         if fast and self._fits(args):
             static = self.static
             g0, g1, g2 = self.grid3 if grid is None else (tuple(grid) + (1, 1))[:3]
@@ -316,6 +333,21 @@ class Launcher:
             self.static = binary
             self.fast = (None, None, None, _current_device(), ())
         return self.fast
+
+    def _first_binary_launch(self, args, grid):
+        """The binary's first launch; where it fails (the kernel cannot launch here), the JIT path launches instead
+        and reports the failure as a failed kernel, which a re-plan answers."""
+        launch, sk, arg_tys, extra = self.static
+        g0, g1, g2 = self.grid3 if grid is None else (tuple(grid) + (1, 1))[:3]
+        try:
+            launch(sk.function, g0, g1, g2, sk.num_warps, sk.shared, arg_tys, args + extra,
+                   _current_stream(self.fast[3]))
+        except Exception as e:
+            if isinstance(e, torch.OutOfMemoryError):
+                raise
+            self.fast = self.static = None
+            return self(*args, grid=grid)
+        return None
 
     def _prepare(self, kernel, args):
         """Keep what a direct launch needs, when the first launch compiled a GPU kernel from aligned tensors."""
