@@ -278,3 +278,23 @@ def test_an_interrupted_compile_leaves_nothing_trusted(tmp_path):
     assert after["stats"]["planned"] == 3
     assert_eager(after)
     assert_whole(cache)
+
+
+def test_an_aot_entry_leaves_out_the_stack_traces_and_the_live_graph_keeps_them(tmp_path, monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from brrr.compile.runtime import aot_cache
+    from brrr.compile.runtime.lean_autograd import LeanSpec
+
+    monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
+    gm = make_fx(lambda x: (x.sin() * 2,))(torch.randn(4))
+    for n in gm.graph.nodes:
+        n.meta["stack_trace"] = "File \"model.py\", line 3, in forward"
+    code = gm.code
+    assert aot_cache.store("k", LeanSpec("inference", (), ()), {"inference": gm}, ())
+    spec, graphs, statics = aot_cache.load("k", FakeTensorMode())
+    kept = graphs["inference"]
+    assert kept.code == code and spec.kind == "inference"
+    assert all("stack_trace" not in n.meta for n in kept.graph.nodes)
+    assert all(n.meta["stack_trace"].startswith("File") for n in gm.graph.nodes)   # the live graph keeps them
+    torch.testing.assert_close(kept(torch.ones(4))[0], torch.ones(4).sin() * 2)

@@ -5,7 +5,8 @@ A warm start of BERT MLM training spent 4.7 of its 10.9 s in AOTAutograd (benchm
 graph cache leave of a warm start?"), and torch's own AOTAutograd cache keeps only Inductor's compiled graphs. Where
 brrr runs a graph with its lean runtime (lean_autograd.py: AOTAutograd's metadata says the graph is plain),
 everything that runtime reads is kept: the forward (or inference) and backward graphs AOTAutograd made, with their
-node metadata (torch's GraphPickler, fake tensors and all), the positions of the static inputs and the LeanSpec.
+node metadata (torch's GraphPickler, fake tensors and all; not the user-code stack traces, which no stage of brrr
+reads after AOTAutograd), the positions of the static inputs and the LeanSpec.
 A hit compiles each graph through `compile_graph` (the graph cache then serves its plan) and wraps them in the
 lean runtime; a graph needing AOTAutograd's runtime is never kept here.
 
@@ -28,6 +29,7 @@ from brrr.compile.runtime.lean_autograd import LeanSpec
 
 FORMAT = 1
 STATS = {"hits": 0, "misses": 0, "stored": 0, "refused": 0}
+UNREAD_META = ("stack_trace", "from_node", "output_stack_traces")   # user-code provenance, for torch's logs
 
 
 def _caller_state(example_inputs):
@@ -65,12 +67,18 @@ def _pickler():
 
 def store(k, spec, graphs, statics):
     """Keep `graphs` (kind -> GraphModule AOTAutograd made), `spec` and `statics` under `k`."""
+    # what no stage of brrr reads after AOTAutograd, half an entry's bytes (BERT-base): left out of the entry
+    left_out = [(n.meta, key, n.meta.pop(key)) for g in graphs.values() for n in g.graph.nodes
+                for key in UNREAD_META if key in n.meta]
     try:
         pickler, options = _pickler()
         body = pickler.dumps({"format": FORMAT, "spec": spec, "graphs": graphs, "statics": statics}, options)
     except Exception:   # a graph holding what GraphPickler cannot write: compiled in full every time
         STATS["refused"] += 1
         return False
+    finally:
+        for meta, key, value in left_out:
+            meta[key] = value
     write_atomic(_path(k), hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
     STATS["stored"] += 1
     return True
