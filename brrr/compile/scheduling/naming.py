@@ -9,8 +9,8 @@ a batch norm read `bn`); views, copies and constants name a kernel only when it 
 The Triton function a kernel launches is named after its source instead of its index (`function_name`:
 `brrr_bn_relu_1f3a9c07`): a kernel of the same source elsewhere in the graph (a repeated layer), in another
 form of it (the floor's alternatives re-plan the graph and shift every index) or in another graph is then the
-same function, compiled once. The index names the launch in the generated call, `explain` and the floor's
-verdicts; profiles and `brrr analyze` show the function.
+same function, compiled once. The index names the launch in the generated call and the floor's verdicts;
+`explain`, profiles and `brrr analyze` show the function.
 """
 
 import re
