@@ -125,7 +125,10 @@ def kernel_records(outside, records, model=None):
             record.flops, record.bytes_read, record.bytes_written = meta.flops, meta.bytes_read, meta.bytes_written
             record.op_class, record.dtype, record.fused_ops = meta.op_class, meta.dtype, meta.ops
             record.modules = tuple(dict.fromkeys(resolve_module(m, names, root) for m in meta.modules))
-            record.module = record.modules[0] if record.modules else root
+            # a function several launches share (a repeated layer's kernel) lists every layer: this launch's is
+            # the one of the op launched before it, where that is one of them
+            record.module = near.module if near is not None and near.module in record.modules[1:] else \
+                record.modules[0] if record.modules else root
             record.phase = "backward" if meta.graph == "backward" else "forward"
         else:
             match = INDUCTOR_NAME.match(name)

@@ -42,7 +42,7 @@ def test_compiled_kernels_carry_their_plans_flops_bytes_and_modules(compiled_mlp
         assert (record.flops, record.bytes_read, record.bytes_written) == \
             (plan.flops, plan.bytes_read, plan.bytes_written)
         assert record.flops > 0 and record.bytes == plan.bytes
-        assert record.module in modules and record.module == record.modules[0]
+        assert record.module in modules and record.module in record.modules
         assert record.phase == plan.graph
         assert re.fullmatch(r"brrr_[a-z0-9_]+_[0-9a-f]{8}(_v\d+)?", name)   # a function named after its source
         assert record.fused_ops and all(op.startswith(("aten.", "prims.")) for op in record.fused_ops)
@@ -215,3 +215,21 @@ def test_dynamo_module_paths_read_as_the_analyzers_module_names():
         "encoder.layer.3.output"
     assert resolve_module(("x", "getattr(L['self'].layers, '2').mlp"), names, root) == "layers.2.mlp"
     assert resolve_module(("x", "L['self']"), names, root) == "Sequential"
+
+
+def test_a_function_repeated_layers_share_is_put_in_the_layer_of_the_op_before_it(monkeypatch):
+    """A repeated layer's kernels launch one function (registered once, with every layer's module): each launch is
+    put in the module of the op launched just before it, where that is one of them."""
+    from brrr.analyze.capture import OpRecord
+    from brrr.analyze.kernels import kernel_records
+    from brrr.compile.runtime import kernel_registry
+
+    model = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(3)])
+    meta = kernel_registry.KernelMeta(8, 32, 32, "elementwise", torch.float32, ("aten.add.Tensor",),
+                                      tuple(("x", f"L['self'][{i}]") for i in range(3)), name="brrr_add_0a1b2c3d")
+    monkeypatch.setattr(kernel_registry, "lookup", lambda name: meta if name == meta.name else None)
+    ops = [OpRecord(i, "aten.mm.default", str(i), "forward", "matmul", 1, 1, 1, torch.float32) for i in range(3)]
+    launches = [(meta.name, 1e-6, i) for i in (2, 0, 1)] + [(meta.name, 1e-6, -1)]
+    records = kernel_records(launches, ops, model)
+    assert [r.module for r in records] == ["2", "0", "1", "0"]   # the op's layer; none before: the first listed
+    assert all(r.modules == ("0", "1", "2") and r.flops == 8 for r in records)
