@@ -1,12 +1,12 @@
 """brrr's kernels by the name a profiler sees them under (codegen -> **kernel registry** -> runtime; read by
 brrr.analyze, which puts a brrr-compiled model's kernels on the roofline with their FLOPs, bytes and modules).
 
-Names. A kernel is named after what it fuses and its index in its graph (naming.py: `brrr_bn_relu_3`), which is
-unique within a graph only: a forward and a backward graph both have a `brrr_add_0`. The registry makes names
-unique in the process: a kernel keeps its name unless another live kernel of different source holds it, and then
-takes the first free `<name>_v2`, `_v3`, ... The same name is the Triton function's (what CUPTI reports on CUDA),
-the generated call's, explain's and the analyzer's. Two graphs that generate the same source share one name, one
-entry and (through runtime's module cache) one Triton function.
+Names. A kernel's Triton function is named after what it fuses and a digest of its source (naming.py:
+`brrr_bn_relu_1f3a9c07`); the launch in the generated call keeps its index in its graph (`brrr_bn_relu_3`). The
+registry makes function names unique in the process: a kernel keeps its name unless another live kernel of
+different source holds it, and then takes the first free `<name>_v2`, `_v3`, ... The function's name is what
+CUPTI reports on CUDA, explain's and the analyzer's. Launches of one source, in one graph (a repeated layer) or in
+two, share one name, one entry (with every launch's modules) and one Triton function.
 
 Lifetime. An entry belongs to the graphs (FX GraphModules) that generated it, held weakly: it goes when the last
 of them is freed, so the registry holds metadata of live graphs only.
