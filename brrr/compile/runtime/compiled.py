@@ -26,7 +26,7 @@ from brrr.compile.fallbacks import KernelFailed, debugging, is_out_of_memory, re
 from brrr.compile.ir import nodes as ir, sizes
 from brrr.compile.runtime import among_ranks, floor, handed_over, kernel_registry
 from brrr.compile.runtime.cuda_graphs import GraphedCall, SharedPool, data_ptrs
-from brrr.compile.runtime.launch import Launcher, binary_of, load_binary, tma_descriptor
+from brrr.compile.runtime.launch import Launcher, load_binary, tma_descriptor
 from brrr.compile.runtime.replay_choice import ReplayTrial
 from brrr.compile.scheduling.inplace import reused_memory
 from brrr.compile.scheduling.naming import function_name
@@ -53,8 +53,9 @@ def generate_all(plan, graph_kind="graph", rewrite_kernels=None):
     stored node's strides were fixed by the scheduler (scheduling/layout.py). Each kernel takes a name unique in
     the process and is registered with its FLOPs, bytes, ATen ops and modules (kernel_registry.py), for as long
     as the graph lives. Each launches a Triton function named after its source (naming.function_name): kernels
-    of one source (a repeated layer's, or one a re-plan left as it was) are one function, compiled once. `rewrite_kernels(plan, kernels)`, where given, rewrites the plan's steps and kernels in
-    place before they are registered (the backend passes matmul epilogue fusion)."""
+    of one source (a repeated layer's, or one a re-plan left as it was) are one function, compiled once.
+    `rewrite_kernels(plan, kernels)`, where given, rewrites the plan's steps and kernels in place before they are
+    registered (the backend passes matmul epilogue fusion)."""
     stored = set(plan.stored)
     kernel_of = {r: k for kind, k in plan.steps if kind == "kernel" for r in k.roots}
     out = {}
@@ -470,9 +471,10 @@ def build(plan, gm, cuda_graphs=False, kind="graph", rewrite_kernels=None):
 @dataclass
 class KernelSpec:
     """One kernel launch of a generated call (`name`: the call's name for it), all the call needs to load and
-    launch it: its Triton module's source, its grid and meta (num_warps, ...), the FX nodes it computes (what a re-plan forces to ATen when it
-    fails), the arguments the call allocates just before, its trailing size arguments, and the dtypes its
-    arguments warm it up with (None for a kernel reading TMA descriptors, compiled at its first launch)."""
+    launch it: its Triton module's source, its grid and meta (num_warps, ...), the FX nodes it computes (what a
+    re-plan forces to ATen when it fails), the arguments the call allocates just before, its trailing size
+    arguments, and the dtypes its arguments warm it up with (None for a kernel reading TMA descriptors, compiled
+    at its first launch)."""
     name: str
     source: str
     grid: tuple
@@ -482,8 +484,7 @@ class KernelSpec:
     symbols: int
     warm_dtypes: tuple = None
     binary: bytes = None   # the compiled kernel as launch.load_binary loads it (no JIT), where there is one
-    function: str = None   # the Triton function `source` defines and the launch runs: `name` unless another
-                           # launch of the graph has this source (generate_all)
+    function: str = None   # the Triton function `source` defines, named after it (generate_all); default `name`
 
     def __post_init__(self):
         self.function = self.function or self.name
@@ -497,8 +498,8 @@ def _globals():
 def assemble(source, constants, specs, gm, cuda_graphs, kind, device, device_index):
     """The CompiledGraph running `source` (a generated `call`) with `constants` and `specs`' kernels, on device
     `device` (its name): each from the binary its spec keeps (a graph cache hit: no JIT), else from the kernel
-    cache and compiled where missing, one thread per core. A kernel that
-    fails to compile raises KernelFailed with its FX nodes. `build` calls it on a fresh plan, the graph cache
+    cache and compiled where missing, one thread per function. A function that fails to compile raises
+    KernelFailed with the FX nodes of its launches. `build` calls it on a fresh plan, the graph cache
     (graph_cache.py) on a saved one: planning ends here."""
     glb = {**_globals(), **constants}
     # Triton compiles kernels mostly outside the GIL (MLIR passes, ptxas): one thread per core
@@ -713,25 +714,6 @@ def _cuda_device(plan):
     return None
 
 
-def _load_and_warm(spec, device):
-    """The JIT function of `spec`, compiled now where it can be, and the binary `launch.load_binary` loads in
-    another process (None where there is none)."""
-    k = load_kernel(spec.source, spec.function, device)
-    # a kernel reading TMA descriptors compiles at its first launch: dtypes cannot stand in for descriptors
-    if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() and spec.warm_dtypes is not None:
-        from triton.compiler.errors import CompilationError
-
-        try:   # compile now, in this worker, rather than at the first launch (dtypes stand in for tensors)
-            compiled = k.warmup(*spec.warm_dtypes, grid=spec.grid, **spec.meta)
-        except CompilationError:
-            raise   # the kernel itself is broken: build() re-plans without it
-        except Exception:
-            return k, None    # warm-up could not run here; the first launch compiles (and reports) instead
-        # the binary the first launch will run: that launch passes aligned tensors of these dtypes, as warm-up did
-        return k, binary_of(compiled, len(spec.warm_dtypes)) if not spec.symbols else None
-    return k, None
-
-
 def _launchers(group, device, device_index):
     """{name: Launcher} for the launches `group` of one function (`_launcher` each, in turn)."""
     return {spec.name: _launcher(spec, device, device_index) for spec in group}
@@ -740,7 +722,8 @@ def _launchers(group, device, device_index):
 def _launcher(spec, device, device_index):
     """A Launcher for `spec`: from its kept binary where that loads (no JIT), else compiled here through the JIT
     (`spec.binary` is then what this process compiled, for the graph cache to keep) and launched from that binary
-    too: a first launch through the JIT would build Triton's own launcher for the kernel, a compile of its own."""
+    too: a first launch through the JIT would build Triton's own launcher for the kernel, a compile of its own. A
+    kernel that fails to compile raises (build re-plans without it)."""
     load = functools.partial(load_kernel, spec.source, spec.function, device)
     grid = tuple(1 if isinstance(g, torch.SymInt) else g for g in spec.grid)   # given per call instead
     common = dict(name=spec.function, fx_nodes=spec.fx_nodes, fresh_slots=spec.fresh_slots, symbols=spec.symbols,
@@ -749,6 +732,6 @@ def _launcher(spec, device, device_index):
         loaded = load_binary(spec.binary, device_index)
         if loaded is not None:
             return Launcher(None, grid, spec.meta, binary=loaded, **common)
-    jit_fn, spec.binary = _load_and_warm(spec, device)
-    loaded = load_binary(spec.binary, device_index) if spec.binary is not None and device_index is not None else None
-    return Launcher(jit_fn, grid, spec.meta, binary=loaded, **common)
+    launcher = Launcher(load(), grid, spec.meta, **common)
+    spec.binary = launcher.warm(device_index, strict=True)
+    return launcher

@@ -387,17 +387,13 @@ def _variants(form, launchers, choices):
     return out
 
 
-def _retune(form, names, warps):
-    """Launch the kernels `names` of `form` with `warps` warps from now on."""
-    glb = form.call.__globals__
-    for name in names:
-        if glb.get(name) is not None:
-            glb[name] = glb[name].retuned(warps)
-
-
 def _apply_warps(form, warps):
+    """Launch the kernels of each source `warps` names (digest -> count) with that many warps from now on."""
+    glb = form.call.__globals__
     for digest, n in warps.items():
-        _retune(form, _names_of(form, digest), n)
+        for name in _names_of(form, digest):
+            if glb.get(name) is not None:
+                glb[name] = glb[name].retuned(n)
 
 
 def _apply(graph, digests, verdicts):

@@ -236,18 +236,25 @@ class Launcher:
                         fx_nodes=self.fx_nodes, fresh_slots=self.fresh_slots, symbols=self.symbols, load=self._load,
                         warm_dtypes=self.warm_dtypes)
 
-    def warm(self, device_index):
-        """Compile the kernel now (from any thread) and launch its binary from the first call, where its dtypes
-        are known; else, or where that fails, the first launch compiles it, and reports what fails."""
-        if self.warm_dtypes is None or self.symbols or device_index is None or \
-                os.environ.get("TRITON_INTERPRET") == "1":
-            return
-        try:
-            blob = binary_of(self.jit_fn.warmup(*self.warm_dtypes, grid=self.grid, **self.meta),
-                             len(self.warm_dtypes))
+    def warm(self, device_index, strict=False):
+        """Compile the kernel now (from any thread, where its dtypes are known) and launch its binary from the first
+        call; returns the binary as `binary_of` keeps it, or None. Where compiling fails, the first launch compiles
+        it and reports what fails; `strict`: a kernel that cannot compile raises here."""
+        if self.warm_dtypes is None or device_index is None or os.environ.get("TRITON_INTERPRET") == "1":
+            return None
+        from triton.compiler.errors import CompilationError
+
+        try:   # dtypes stand in for the tensors: the first launch passes aligned tensors of these dtypes
+            kernel = self.jit_fn.warmup(*self.warm_dtypes, grid=self.grid, **self.meta)
+        except CompilationError:
+            if strict:
+                raise
+            return None
         except Exception:
-            return
+            return None
+        blob = binary_of(kernel, len(self.warm_dtypes)) if not self.symbols else None
         self.binary = load_binary(blob, device_index) if blob is not None else None
+        return blob
 
     def __call__(self, *args, grid=None):
         """Launch on `args`; `grid` (a symbolic graph's kernels) is this call's grid, else the one built in."""
