@@ -239,13 +239,18 @@ def pair_of_graphs(clock, fake_cuda_graphs, forward_costs, backward_costs):
 
 
 def train_steps(fw, bw, n, w):
+    # every step's tensors are held to the end: a new input at a freed input's address would read as the same
+    # tensor in place (graphs compare addresses), which on the CPU depends on what earlier tests left in the heap
+    held = []
     for i in range(n):
         x = torch.full((4,), float(i))
         out, saved = fw([x, w])
         torch.testing.assert_close(out, x * w + 1)
         bw.pinned_ready = fw.lent   # lean_autograd: the loan is still the forward's memory
-        (grad,) = bw([saved, torch.ones(4)])
+        ones = torch.ones(4)
+        (grad,) = bw([saved, ones])
         torch.testing.assert_close(grad, x * 2)
+        held += [x, out, ones, grad]
 
 
 def test_a_forward_times_whole_steps_and_its_backward_follows(clock, fake_cuda_graphs):
