@@ -26,6 +26,7 @@ from brrr.compile.passes.attention_mask import contiguous_attention_masks
 from brrr.compile.passes.linear_cross_entropy import fuse_linear_cross_entropy
 from brrr.compile.passes.partition import partition_fn
 from brrr.compile.passes.specialize import PerShape, copy_graph_module, symbolic
+from brrr.compile.runtime import compile_workers
 
 aten = torch.ops.aten
 
@@ -194,6 +195,8 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
 
     def plan_fresh(on_gpu):
         graph_cache.STATS["planned"] += 1
+        if sink is None and "cuda" in _devices(gm):
+            compile_workers.start()   # they import torch and Triton while this graph is planned
         try:
             plan = plan_graph(gm, forced, split)
         except Exception as e:
@@ -278,6 +281,7 @@ def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, matmul_temp
     pass here changes the graph. A graph of symbolic sizes is compiled once, at those sizes (sizes.py), or, with
     `symbolic_sizes=False` or where that fails, once per shape (specialize.py)."""
     eager_forward = gm.forward   # bound now: the passes below recompile gm, this keeps the captured code
+    compile_workers.hash_triton_ahead()
     breaks = graph_breaks.note_graph(gm)
     if breaks and hasattr(_sink, "graph_breaks"):   # explain's sink lists them
         _sink.graph_breaks.extend(breaks)
@@ -444,6 +448,7 @@ def _from_aot_cache(key, example_inputs, cuda_graphs, matmul_templates):
 
 
 def make_backend(**options):
+    compile_workers.hash_triton_ahead()   # overlaps Dynamo's tracing
     fn = functools.partial(brrr_backend, **options)
     fn.__name__ = "brrr"
     return fn

@@ -309,3 +309,26 @@ def test_a_warmed_launch_compiles_before_its_first_call_and_launches_the_binary(
     assert len(calls) == 1 and not jit.calls
     launch.Launcher(jit, (4,), {"XBLOCK": 128}).warm(0)   # no dtypes known: nothing compiled ahead
     assert len(warmed) == 1
+
+
+def test_launches_of_one_kernel_compile_once_and_share_its_binary(gpu_like, monkeypatch):
+    """`warm_all` compiles each distinct kernel once: launches of one function with the same dtypes and meta (a
+    repeated layer's) take the first one's binary; another warp count is another kernel."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    warmed = []
+
+    class WarmableJIT(FakeJIT):
+        def warmup(self, *dtypes, grid, **meta):
+            warmed.append(meta["num_warps"])
+            return f"kernel with {meta['num_warps']} warps"
+    monkeypatch.setattr(launch, "binary_of", lambda kernel, n: kernel.encode())
+    monkeypatch.setattr(launch, "load_binary", lambda blob, device: ("launch", blob.decode(), "OO", ()))
+    jit = WarmableJIT()
+    dtypes = (torch.float32, torch.float32)
+    layers = [launch.Launcher(jit, (4 * i,), {"XBLOCK": 128, "num_warps": 4}, warm_dtypes=dtypes,
+                              origin=("source", "brrr_add_0123abcd", "gpu")) for i in range(1, 4)]
+    wider = layers[0].retuned(8)
+    blobs = launch.warm_all(layers + [wider], 0, threads=2)
+    assert sorted(warmed) == [4, 8]
+    assert [k.binary[1] for k in layers] == ["kernel with 4 warps"] * 3 and wider.binary[1] == "kernel with 8 warps"
+    assert blobs[layers[2]] == b"kernel with 4 warps"

@@ -25,21 +25,14 @@ from brrr.compile.codegen.triton import generate
 from brrr.compile.fallbacks import KernelFailed, debugging, is_out_of_memory, recover, warn_once
 from brrr.compile.ir import nodes as ir, sizes
 from brrr.compile.runtime import among_ranks, floor, handed_over, kernel_registry
+from brrr.compile.runtime.compile_workers import usable_cpus
 from brrr.compile.runtime.cuda_graphs import GraphedCall, SharedPool, data_ptrs
-from brrr.compile.runtime.launch import Launcher, load_binary, tma_descriptor
+from brrr.compile.runtime.launch import Launcher, load_binary, tma_descriptor, warm_all
 from brrr.compile.runtime.replay_choice import ReplayTrial
 from brrr.compile.scheduling.inplace import reused_memory
 from brrr.compile.scheduling.naming import function_name
 
 MAX_GRAPH_SHAPES = 8   # CUDA graphs a graph planned at symbolic sizes keeps, one per shape (each holds memory)
-
-
-def _usable_cpus():
-    """CPUs this process may run on (a zoo worker is pinned to its share), else the machine's count."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 8
 
 
 def kernel_fx_nodes(kernel, rendered=()):
@@ -508,7 +501,7 @@ def assemble(source, constants, specs, gm, cuda_graphs, kind, device, device_ind
     by_function = {}
     for spec in specs:
         by_function.setdefault((spec.function, spec.source), []).append(spec)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(_usable_cpus(), max(1, len(by_function)))) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(usable_cpus(), max(1, len(by_function)))) as pool:
         futs = [(group, pool.submit(_launchers, group, device, device_index)) for group in by_function.values()]
         for group, fut in futs:
             try:
@@ -715,23 +708,29 @@ def _cuda_device(plan):
 
 
 def _launchers(group, device, device_index):
-    """{name: Launcher} for the launches `group` of one function (`_launcher` each, in turn)."""
-    return {spec.name: _launcher(spec, device, device_index) for spec in group}
+    """{name: Launcher} for the launches `group` of one function: each from its kept binary where that loads (a
+    graph cache hit: no JIT), else compiled now, once per distinct dtypes and meta (`launch.warm_all`; `spec.binary`
+    is then what was compiled, for the graph cache to keep) and launched from that binary too: a first launch
+    through the JIT would build Triton's own launcher for the kernel, a compile of its own. A kernel that fails to
+    compile raises (build re-plans without it)."""
+    made = {spec.name: _launcher(spec, device, device_index) for spec in group}
+    cold = [spec for spec in group if made[spec.name].binary is None]
+    blobs = warm_all([made[spec.name] for spec in cold], device_index, strict=True)
+    for spec in cold:
+        launcher = made[spec.name]
+        spec.binary = blobs[launcher]
+        if launcher.binary is None:
+            launcher.jit_fn   # loaded now (its calls go through the JIT): a source that fails to load fails the build
+    return made
 
 
 def _launcher(spec, device, device_index):
-    """A Launcher for `spec`: from its kept binary where that loads (no JIT), else compiled here through the JIT
-    (`spec.binary` is then what this process compiled, for the graph cache to keep) and launched from that binary
-    too: a first launch through the JIT would build Triton's own launcher for the kernel, a compile of its own. A
-    kernel that fails to compile raises (build re-plans without it)."""
+    """A Launcher for `spec`, given its kept binary where that loads."""
     load = functools.partial(load_kernel, spec.source, spec.function, device)
     grid = tuple(1 if isinstance(g, torch.SymInt) else g for g in spec.grid)   # given per call instead
-    common = dict(name=spec.function, fx_nodes=spec.fx_nodes, fresh_slots=spec.fresh_slots, symbols=spec.symbols,
-                  load=load, warm_dtypes=spec.warm_dtypes)
+    loaded = None
     if spec.binary is not None and device_index is not None and os.environ.get("TRITON_INTERPRET") != "1":
         loaded = load_binary(spec.binary, device_index)
-        if loaded is not None:
-            return Launcher(None, grid, spec.meta, binary=loaded, **common)
-    launcher = Launcher(load(), grid, spec.meta, **common)
-    spec.binary = launcher.warm(device_index, strict=True)
-    return launcher
+    return Launcher(None, grid, spec.meta, name=spec.function, fx_nodes=spec.fx_nodes, fresh_slots=spec.fresh_slots,
+                    symbols=spec.symbols, load=load, warm_dtypes=spec.warm_dtypes, binary=loaded,
+                    origin=(spec.source, spec.function, device))

@@ -27,7 +27,6 @@ How, on the first call of a graph on a GPU (CompiledGraph._first_call runs `sett
 the floor then runs on any device.
 """
 
-import concurrent.futures
 import hashlib
 import json
 import os
@@ -40,6 +39,7 @@ import torch
 from brrr.compile.cache import folder, write_atomic
 from brrr.compile.fallbacks import debugging, is_out_of_memory, recover
 from brrr.compile.runtime import handed_over
+from brrr.compile.runtime.launch import warm_all
 
 THRESHOLD = 0.3        # of its roofline below which a kernel is slow
 AT_STAKE = 50e-6       # seconds a call must stand to win before a slow kernel is worth alternatives
@@ -377,13 +377,8 @@ def _variants(form, launchers, choices):
     """{warps: {name: Launcher}}: `launchers` (one function's) launched with each warp count of `choices`, each
     count's kernel compiled now, all at once, where the first launches would compile them one after another."""
     out = {w: {n: k.retuned(w) for n, k in launchers.items()} for w in choices}
-    firsts = [next(iter(v.values())) for v in out.values() if v]
-    if firsts:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(firsts)) as pool:
-            list(pool.map(lambda k: k.warm(form.device), firsts))
-    for v in out.values():
-        for k in list(v.values())[1:]:   # the same kernels, compiled now: each launch loads its binary
-            k.warm(form.device)
+    every = [k for v in out.values() for k in v.values()]
+    warm_all(every, form.device, threads=len(out))
     return out
 
 

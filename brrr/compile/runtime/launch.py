@@ -28,6 +28,7 @@ an int64 variant.
 generated call makes them per call, and the matmul stage when it times the template.
 """
 
+import concurrent.futures
 import hashlib
 import os
 import pickle
@@ -36,7 +37,7 @@ import torch
 
 from brrr.compile.cache import cache_dir, write_atomic
 from brrr.compile.fallbacks import KernelFailed
-from brrr.compile.runtime import kernel_registry
+from brrr.compile.runtime import compile_workers, kernel_registry
 
 _PLAIN = (int, float, bool, type(None))
 
@@ -192,16 +193,35 @@ def _cubin_file(kernel):
     return path
 
 
+def warm_all(launchers, device_index, strict=False, threads=1):
+    """`Launcher.warm` for each of `launchers`, compiling each distinct kernel once (launches of one function
+    with the same dtypes and meta share a binary), `threads` at a time; {launcher: binary or None}."""
+    firsts, of = {}, {}
+    for k in launchers:
+        key = (k.origin[:2] if k.origin else id(k._load), k.warm_dtypes, tuple(sorted(k.meta.items())))
+        of[k] = firsts.setdefault(key, k)
+    if threads > 1 and len(firsts) > 1:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(threads, len(firsts))) as pool:
+            blobs = dict(zip(firsts.values(), pool.map(lambda k: k.warm(device_index, strict), firsts.values())))
+    else:
+        blobs = {k: k.warm(device_index, strict) for k in firsts.values()}
+    for k, first in of.items():
+        if k is not first and blobs[first] is not None:
+            k.binary = load_binary(blobs[first], device_index)
+    return {k: blobs[first] for k, first in of.items()}
+
+
 class Launcher:
     """`launcher(*args)` == `jit_fn[grid](*args, **meta)`, without the JIT's per-call work once it has run.
 
     `jit_fn` may be None with `load` a function that returns it: a launcher given `binary` (a kernel loaded by
     `load_binary`, from the graph cache) launches it directly from its first call and loads the JIT function only
-    when a call needs it (misaligned tensors, launch hooks, a retune)."""
+    when a call needs it (misaligned tensors, launch hooks, a retune). `origin` (module source, function name,
+    device name: what `load` reads) lets `warm` compile the kernel in a worker process (compile_workers.py)."""
 
     def __init__(self, jit_fn, grid, meta, name="kernel", fx_nodes=(), fresh_slots=(), symbols=0, load=None,
-                 binary=None, warm_dtypes=None):
-        self._jit_fn, self._load = jit_fn, load
+                 binary=None, warm_dtypes=None, origin=None):
+        self._jit_fn, self._load, self.origin = jit_fn, load, origin
         self.warm_dtypes = warm_dtypes   # its arguments' dtypes, to compile it before its first launch (`warm`)
         self.grid, self.meta = tuple(grid), dict(meta)
         self.name, self.fx_nodes = name, fx_nodes   # what a failed JIT launch reports (fallbacks.KernelFailed)
@@ -234,14 +254,23 @@ class Launcher:
         """This kernel launched with `warps` warps (another binary: compiled by `warm` or at its first launch)."""
         return Launcher(self._jit_fn, self.grid, {**self.meta, "num_warps": warps}, name=self.name,
                         fx_nodes=self.fx_nodes, fresh_slots=self.fresh_slots, symbols=self.symbols, load=self._load,
-                        warm_dtypes=self.warm_dtypes)
+                        warm_dtypes=self.warm_dtypes, origin=self.origin)
 
     def warm(self, device_index, strict=False):
         """Compile the kernel now (from any thread, where its dtypes are known) and launch its binary from the first
         call; returns the binary as `binary_of` keeps it, or None. Where compiling fails, the first launch compiles
-        it and reports what fails; `strict`: a kernel that cannot compile raises here."""
+        it and reports what fails; `strict`: a kernel that cannot compile raises here. A compile worker compiles
+        it where one can (then this process never loads the JIT function for it); where the worker cannot, this
+        process compiles it, and raises what failed."""
         if self.warm_dtypes is None or device_index is None or os.environ.get("TRITON_INTERPRET") == "1":
             return None
+        if self.origin is not None and not self.symbols and compile_workers.pool() is not None:
+            blob = compile_workers.compile_binary(*self.origin, self.warm_dtypes, self.meta,
+                                                  compile_workers.target_of(device_index))
+            loaded = load_binary(blob, device_index) if blob is not None else None
+            if loaded is not None:
+                self.binary = loaded
+                return blob
         from triton.compiler.errors import CompilationError
 
         try:   # dtypes stand in for the tensors: the first launch passes aligned tensors of these dtypes

@@ -1,0 +1,222 @@
+"""Triton compiles in worker processes (codegen -> **runtime**): a cold graph's kernels compile in parallel.
+
+Threads already compile a graph's functions at once (`compiled.assemble`, the floor's warp variants), but the
+front half of a Triton compile, Python walking the kernel's AST into MLIR, holds the GIL: on a cold ConvNeXt
+the main thread's profile showed ~10 s in Triton's code generator. Here each compiling thread hands its kernel
+to a process of its own and waits, with the GIL released, for the compiled kernel's binary: what
+`launch.binary_of` keeps (torch's static launcher, its cubin in brrr's cache), which `launch.load_binary` loads
+without Triton's JIT.
+
+The workers never touch the GPU: a worker compiles for the target the parent names (`compile_worker.py` gives
+Triton a driver that knows only that target), so it holds no CUDA context and no GPU memory. They are plain
+`python -m brrr.compile.runtime.compile_worker` processes speaking pickles over their pipes (not
+multiprocessing, whose spawned children re-import the user's script), started when a graph's planning begins
+(`start`), and they end when this process does (their stdin closes).
+
+Everything degrades to the in-process compile: no worker (BRRR_COMPILE_WORKERS=0, one CPU, Triton's
+interpreter, no CUDA), a worker that dies, a kernel that fails to compile there (the in-process compile then
+raises the real error) or a kernel torch's static launcher cannot take. BRRR_COMPILE_WORKERS=N sets the number.
+
+`hash_triton_ahead` starts, in a thread, the one cost every process's first JIT compile pays even when Triton's
+cache holds the kernel: Triton hashing its own files (`triton_key`, ~0.36 s on the H200 hosts), which a warm
+start otherwise pays on the critical path when it reaches a kernel the graph cache does not keep.
+"""
+
+import atexit
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+
+MAX_WORKERS = 8   # a worker costs ~0.4 GB of host memory (torch and Triton imported)
+_HEADER = struct.Struct("<Q")
+
+
+def usable_cpus():
+    """CPUs this process may run on (a zoo worker is pinned to its share), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 8
+
+
+def send(stream, obj):
+    data = pickle.dumps(obj)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def receive(stream):
+    """The next pickle on `stream`; EOFError where the other side is gone."""
+    head = stream.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        raise EOFError("compile worker closed its pipe")
+    (n,) = _HEADER.unpack(head)
+    data = stream.read(n)
+    if len(data) < n:
+        raise EOFError("compile worker closed its pipe mid-reply")
+    return pickle.loads(data)
+
+
+class WorkerPool:
+    """`size` compile workers; `compile(job)` from any thread runs `job` on an idle one and returns its reply.
+    `env` replaces the workers' environment (default: this process's)."""
+
+    def __init__(self, size, env=None):
+        self.size, self.env = size, env
+        self.idle = queue.Queue()
+        self.alive = 0
+        self.lock = threading.Lock()
+        self.lost = []   # why workers died, for explain and tests
+        self.compiled = 0   # kernels a worker compiled to a binary
+        self._started = False
+
+    def start(self):
+        """Start the workers (they import torch and Triton meanwhile); idempotent."""
+        with self.lock:
+            if self._started:
+                return
+            self._started = True
+            for _ in range(self.size):
+                try:
+                    self.idle.put(self._spawn())
+                    self.alive += 1
+                except OSError as e:
+                    self.lost.append(f"could not start: {e}")
+
+    def _spawn(self):
+        env = dict(os.environ if self.env is None else self.env)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        return subprocess.Popen([sys.executable, "-m", "brrr.compile.runtime.compile_worker"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+
+    def compile(self, job):
+        """The worker's reply to `job` (a dict, see compile_worker.serve), or None where no worker is left."""
+        self.start()
+        while True:
+            with self.lock:
+                if self.alive == 0:
+                    return None
+            try:
+                proc = self.idle.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            try:
+                send(proc.stdin, job)
+                reply = receive(proc.stdout)
+            except (OSError, EOFError, pickle.UnpicklingError) as e:
+                with self.lock:
+                    self.alive -= 1
+                    self.lost.append(f"{type(e).__name__}: {e}")
+                proc.kill()
+                continue   # the next worker tries it; none left: the caller compiles in-process
+            self.idle.put(proc)
+            if reply.get("binary") is not None:
+                with self.lock:
+                    self.compiled += 1
+            return reply
+
+    def close(self):
+        while True:
+            try:
+                proc = self.idle.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                proc.stdin.close()
+                proc.wait(timeout=5)
+            except Exception:
+                proc.kill()
+
+
+_POOL = None
+_POOL_LOCK = threading.Lock()
+
+
+def worker_count():
+    """How many workers this process should use: BRRR_COMPILE_WORKERS, else one per usable CPU (at most
+    MAX_WORKERS); 0 where compiling in-process is the only way (Triton's interpreter, one CPU, no CUDA)."""
+    setting = os.environ.get("BRRR_COMPILE_WORKERS")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return 0
+    if setting is not None:
+        return max(0, int(setting))
+    import torch
+
+    if not torch.cuda.is_available() or torch.version.hip is not None:
+        return 0
+    n = min(usable_cpus(), MAX_WORKERS)
+    return n if n > 1 else 0
+
+
+def pool():
+    """This process's pool, or None where it compiles in-process."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            n = worker_count()
+            if n == 0:
+                return None
+            _POOL = WorkerPool(n)
+            atexit.register(_POOL.close)
+        return _POOL
+
+
+def start():
+    """Start the workers ahead of the first kernel (a graph's planning is about to produce kernels)."""
+    p = pool()
+    if p is not None:
+        p.start()
+
+
+_HASHED = []
+
+
+def hash_triton_ahead():
+    """Compute Triton's `triton_key` in a daemon thread (once per process, on CUDA machines): it is cached, so the
+    first JIT compile finds it done."""
+    if _HASHED or os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    _HASHED.append(True)
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    try:   # Triton >= 3.3 keeps it in runtime.cache, earlier ones in compiler.compiler
+        from triton.runtime.cache import triton_key
+    except ImportError:
+        try:
+            from triton.compiler.compiler import triton_key
+        except ImportError:
+            return
+
+    def run():
+        try:
+            triton_key()
+        except Exception:   # the first compile computes it again, and reports what fails
+            pass
+    threading.Thread(target=run, name="brrr-triton-key", daemon=True).start()
+
+
+def target_of(device_index):
+    """What Triton compiles for on CUDA device `device_index`: (backend, arch, warp size), as its driver says."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return ("cuda", major * 10 + minor, 32)
+
+
+def compile_binary(source, function, device_name, dtypes, meta, target, workers=None):
+    """The binary (`launch.binary_of`'s bytes) of `function` in `source` compiled for `dtypes` (tensor
+    arguments) and `meta` on `target`, compiled in a worker; None where no worker compiled it."""
+    workers = workers or pool()
+    if workers is None:
+        return None
+    reply = workers.compile({"source": source, "function": function, "device_name": device_name,
+                             "dtypes": [str(d).removeprefix("torch.") for d in dtypes], "meta": dict(meta),
+                             "target": tuple(target)})
+    return None if reply is None else reply.get("binary")
