@@ -177,7 +177,7 @@ def run_share(args, configs, gpu, cpus):
             with tempfile.TemporaryDirectory() as d:
                 env = dict(worker_env(gpu, cpus) if args.device == "cuda" else os.environ, BRRR_CACHE_DIR=f"{d}/brrr",
                            TRITON_CACHE_DIR=f"{d}/triton", TORCHINDUCTOR_CACHE_DIR=f"{d}/inductor")
-                for label in ("cold", "warm"):
+                for label in args.runs.split(","):
                     row = run_one(args, config, backend, label, env,
                                   profile=args.profile == label and backend == "brrr")
                     rows.append(row)
@@ -233,6 +233,7 @@ def main():
     p.add_argument("--configs", default="bert-mlm-train", help="comma-separated zoo or sweep configuration names")
     p.add_argument("--backends", default="brrr,inductor")
     p.add_argument("--gpus", type=int, default=1, help="configurations spread over this many GPUs")
+    p.add_argument("--runs", default="cold,warm", help="cold, warm or both (warm follows a cold run)")
     p.add_argument("--phases", action="store_true", help="keep brrr's PHASE lines in the output and the JSON")
     p.add_argument("--profile", choices=("cold", "warm"), help="cProfile brrr's cold or warm first step")
     p.add_argument("--timeout-s", type=float, default=400.0, help="per process")

@@ -32,6 +32,8 @@ def workers(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(BRRR_CACHE_DIR=str(tmp_path / "brrr"), TRITON_CACHE_DIR=str(tmp_path / "triton"))
     pool = compile_workers.WorkerPool(1, env=env)
+    pool.start()
+    assert pool.wait_ready() == 1
     yield pool
     pool.close()
 
@@ -64,13 +66,24 @@ def test_a_kernel_that_fails_to_compile_is_reported_and_the_worker_serves_on(wor
 
 
 def test_a_dead_worker_leaves_the_compile_to_this_process(workers):
-    workers.start()
     proc = workers.idle.queue[0]
     proc.kill()
     proc.wait()
     assert compile_workers.compile_binary(SOURCE, "brrr_add_0123abcd", "gpu", (torch.float32,) * 3,
                                           {"XBLOCK": 128}, HOPPER, workers=workers) is None
     assert workers.alive == 0 and len(workers.lost) == 1
+
+
+def test_a_worker_still_starting_never_holds_a_compile_up(tmp_path):
+    """Until a worker has imported what it compiles with, its kernels compile in-process: `compile` answers at once."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    pool = compile_workers.WorkerPool(1, env=dict(env, BRRR_CACHE_DIR=str(tmp_path / "brrr"),
+                                                  TRITON_CACHE_DIR=str(tmp_path / "triton")))
+    try:
+        assert pool.compile(job()) is None and pool.passed == 1
+        assert pool.wait_ready() == 1 and pool.compile(job())["binary"] is not None
+    finally:
+        pool.close()
 
 
 def test_no_workers_under_the_interpreter_or_when_turned_off(monkeypatch):

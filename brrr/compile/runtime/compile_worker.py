@@ -33,6 +33,16 @@ class CompileOnlyDriver:
         return divmod(self.target.arch, 10)
 
 
+def import_ahead():
+    """What the first compile would import and hash, done before this worker says it is ready."""
+    import triton.language  # noqa: F401
+
+    from brrr.compile.runtime import compile_workers, launch
+
+    launch._static_launcher_class()
+    compile_workers.triton_key_function()()
+
+
 def compile_job(job):
     """The reply to one job: {"binary": bytes or None, "error": str or None, "cuda_initialized": bool}."""
     import torch
@@ -56,6 +66,8 @@ def compile_job(job):
 def serve(stdin, stdout):
     from brrr.compile.runtime.compile_workers import receive, send
 
+    import_ahead()
+    send(stdout, {"ready": True})
     while True:
         try:
             job = receive(stdin)

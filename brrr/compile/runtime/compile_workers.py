@@ -30,6 +30,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 MAX_WORKERS = 8   # a worker costs ~0.4 GB of host memory (torch and Triton imported)
 _HEADER = struct.Struct("<Q")
@@ -62,8 +63,10 @@ def receive(stream):
 
 
 class WorkerPool:
-    """`size` compile workers; `compile(job)` from any thread runs `job` on an idle one and returns its reply.
-    `env` replaces the workers' environment (default: this process's)."""
+    """`size` compile workers; `compile(job)` from any thread runs `job` on a worker that is ready and idle, and
+    returns its reply, or None at once where none is (the caller then compiles in-process: a worker still
+    importing torch never holds a compile up). `env` replaces the workers' environment (default: this
+    process's)."""
 
     def __init__(self, size, env=None):
         self.size, self.env = size, env
@@ -72,20 +75,23 @@ class WorkerPool:
         self.lock = threading.Lock()
         self.lost = []   # why workers died, for explain and tests
         self.compiled = 0   # kernels a worker compiled to a binary
+        self.passed = 0   # kernels asked for while every worker was busy or starting
         self._started = False
 
     def start(self):
-        """Start the workers (they import torch and Triton meanwhile); idempotent."""
+        """Start the workers; each joins the idle ones once it has imported what it compiles with. Idempotent."""
         with self.lock:
             if self._started:
                 return
             self._started = True
             for _ in range(self.size):
                 try:
-                    self.idle.put(self._spawn())
-                    self.alive += 1
+                    proc = self._spawn()
                 except OSError as e:
                     self.lost.append(f"could not start: {e}")
+                    continue
+                self.alive += 1
+                threading.Thread(target=self._await_ready, args=(proc,), daemon=True).start()
 
     def _spawn(self):
         env = dict(os.environ if self.env is None else self.env)
@@ -94,31 +100,48 @@ class WorkerPool:
         return subprocess.Popen([sys.executable, "-m", "brrr.compile.runtime.compile_worker"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
 
+    def _await_ready(self, proc):
+        try:
+            receive(proc.stdout)   # its greeting: imports done
+        except (OSError, EOFError, pickle.UnpicklingError) as e:
+            self._lose(proc, e)
+            return
+        self.idle.put(proc)
+
+    def _lose(self, proc, why):
+        with self.lock:
+            self.alive -= 1
+            self.lost.append(f"{type(why).__name__}: {why}")
+        proc.kill()
+
+    def wait_ready(self, timeout=60.0):
+        """Block until every live worker is idle (tests), or `timeout`; how many are."""
+        deadline = time.monotonic() + timeout
+        while self.idle.qsize() < self.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.idle.qsize()
+
     def compile(self, job):
-        """The worker's reply to `job` (a dict, see compile_worker.serve), or None where no worker is left."""
+        """The reply of an idle worker to `job` (a dict, see compile_worker.compile_job), or None where no worker
+        is idle (busy, starting, or dead)."""
         self.start()
-        while True:
+        try:
+            proc = self.idle.get_nowait()
+        except queue.Empty:
             with self.lock:
-                if self.alive == 0:
-                    return None
-            try:
-                proc = self.idle.get(timeout=1.0)
-            except queue.Empty:
-                continue
-            try:
-                send(proc.stdin, job)
-                reply = receive(proc.stdout)
-            except (OSError, EOFError, pickle.UnpicklingError) as e:
-                with self.lock:
-                    self.alive -= 1
-                    self.lost.append(f"{type(e).__name__}: {e}")
-                proc.kill()
-                continue   # the next worker tries it; none left: the caller compiles in-process
-            self.idle.put(proc)
-            if reply.get("binary") is not None:
-                with self.lock:
-                    self.compiled += 1
-            return reply
+                self.passed += 1
+            return None
+        try:
+            send(proc.stdin, job)
+            reply = receive(proc.stdout)
+        except (OSError, EOFError, pickle.UnpicklingError) as e:
+            self._lose(proc, e)
+            return None
+        self.idle.put(proc)
+        if reply.get("binary") is not None:
+            with self.lock:
+                self.compiled += 1
+        return reply
 
     def close(self):
         while True:
@@ -176,6 +199,15 @@ def start():
 _HASHED = []
 
 
+def triton_key_function():
+    """Triton's `triton_key` (its own files hashed: part of every kernel's cache key)."""
+    try:   # Triton >= 3.3 keeps it in runtime.cache, earlier ones in compiler.compiler
+        from triton.runtime.cache import triton_key
+    except ImportError:
+        from triton.compiler.compiler import triton_key
+    return triton_key
+
+
 def hash_triton_ahead():
     """Compute Triton's `triton_key` in a daemon thread (once per process, on CUDA machines): it is cached, so the
     first JIT compile finds it done."""
@@ -186,13 +218,10 @@ def hash_triton_ahead():
 
     if not torch.cuda.is_available():
         return
-    try:   # Triton >= 3.3 keeps it in runtime.cache, earlier ones in compiler.compiler
-        from triton.runtime.cache import triton_key
+    try:
+        triton_key = triton_key_function()
     except ImportError:
-        try:
-            from triton.compiler.compiler import triton_key
-        except ImportError:
-            return
+        return
 
     def run():
         try:
