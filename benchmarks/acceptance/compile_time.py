@@ -1,4 +1,5 @@
-"""GPU acceptance for compile time (issue 44): how long a model's first training step takes in a new process, with
+"""GPU acceptance for compile time (issue 44): how long a model's first step (a training step, or an inference call
+under no_grad) takes in a new process, with
 every cache empty (cold) and then with the caches the cold process left (warm), for brrr and Inductor's default
 mode, run on the device machine:
 
@@ -103,13 +104,17 @@ def child(backend, config, profile, device="cuda", quick=False):
         compiled = torch.compile(model, backend=backend)
 
     def step():
-        for p in model.parameters():
-            p.grad = None
-        out = compiled(*inputs)
-        if isinstance(out, dict):
-            out = next(iter(out.values()))
-        loss = out if isinstance(out, torch.Tensor) else (out[0] if isinstance(out, (tuple, list)) else out.loss)
-        loss.float().sum().backward()
+        if not work.train:   # inference, as the sweep runs it
+            with torch.no_grad():
+                compiled(*inputs)
+        else:
+            for p in model.parameters():
+                p.grad = None
+            out = compiled(*inputs)
+            if isinstance(out, dict):
+                out = next(iter(out.values()))
+            loss = out if isinstance(out, torch.Tensor) else (out[0] if isinstance(out, (tuple, list)) else out.loss)
+            loss.float().sum().backward()
         if device == "cuda":
             torch.cuda.synchronize()
 
@@ -144,13 +149,14 @@ def child(backend, config, profile, device="cuda", quick=False):
         print(s.getvalue())
 
 
-def run_one(args, config, backend, label, env, profile=False):
-    """One cold or warm process; its row (first step and steady step times), its output lines kept."""
+def run_one(args, config, backend, label, env, cpus, profile=False):
+    """One cold or warm process on `cpus`; its row (first step and steady step times), its output lines kept."""
     cmd = [sys.executable, __file__, "--configs", config, "--child", backend, "--device", args.device] + \
           (["--profile-child"] if profile else []) + (["--quick"] if args.quick else [])
     t = time.perf_counter()
     try:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout_s)
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout_s,
+                             preexec_fn=lambda: os.sched_setaffinity(0, cpus))
         rc, stdout, stderr = out.returncode, out.stdout, out.stderr
     except subprocess.TimeoutExpired as e:
         rc, stdout, stderr = "timeout", (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), ""
@@ -166,19 +172,22 @@ def run_one(args, config, backend, label, env, profile=False):
     return row
 
 
-def run_share(args, configs, gpu, cpus):
-    """Every run of `configs` in turn on GPU `gpu`, pinned to `cpus`: per backend, a fresh cache, cold then warm."""
+def run_share(args, configs, gpu, cpus, rows, started):
+    """Every run of `configs` in turn on GPU `gpu` (its environment from the zoo's workers), into `rows`: per
+    backend, a fresh cache, cold then warm. No configuration starts after --budget-s."""
     sys.path.insert(0, str(HERE.parent / "zoo"))
     from run_zoo import worker_env
 
-    rows = []
     for config in configs:
+        if time.perf_counter() - started > args.budget_s:
+            print(f"[gpu {gpu}] {config}: not started, budget spent", flush=True)
+            continue
         for backend in args.backends.split(","):
             with tempfile.TemporaryDirectory() as d:
                 env = dict(worker_env(gpu, cpus) if args.device == "cuda" else os.environ, BRRR_CACHE_DIR=f"{d}/brrr",
                            TRITON_CACHE_DIR=f"{d}/triton", TORCHINDUCTOR_CACHE_DIR=f"{d}/inductor")
                 for label in args.runs.split(","):
-                    row = run_one(args, config, backend, label, env,
+                    row = run_one(args, config, backend, label, env, cpus,
                                   profile=args.profile == label and backend == "brrr")
                     rows.append(row)
                     print(f"[gpu {gpu}] {config} {backend} {label}: first step {row.get('first_call_s', '-')} s, "
@@ -187,7 +196,7 @@ def run_share(args, configs, gpu, cpus):
                         print(f"[gpu {gpu}]   {ln}", flush=True)
                     if row.get("error"):
                         print(f"[gpu {gpu}]   {row['error'][-800:]}", flush=True)
-    return rows
+        args.save()
 
 
 def summary(rows, configs):
@@ -215,7 +224,7 @@ def summary(rows, configs):
 def markdown(result):
     env, s = result["environment"], result["summary"]
     f = (lambda v, d=2: "-" if v is None else f"{v:.{d}f}")
-    lines = [f"# Compile time: first training step in a new process, cold and warm ({env['device']}, torch "
+    lines = [f"# Compile time: first step (training or inference) in a new process, cold and warm ({env['device']}, torch "
              f"{env['torch']}, triton {env['triton']}, commit {env['commit']}, {env['date']})", "",
              "| configuration | brrr cold s | brrr warm s | warm/cold | Inductor cold s | Inductor warm s | "
              "brrr/Inductor cold |", "|---|---|---|---|---|---|---|"]
@@ -236,7 +245,8 @@ def main():
     p.add_argument("--runs", default="cold,warm", help="cold, warm or both (warm follows a cold run)")
     p.add_argument("--phases", action="store_true", help="keep brrr's PHASE lines in the output and the JSON")
     p.add_argument("--profile", choices=("cold", "warm"), help="cProfile brrr's cold or warm first step")
-    p.add_argument("--timeout-s", type=float, default=400.0, help="per process")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="per process")
+    p.add_argument("--budget-s", type=float, default=480.0, help="no configuration starts after this many seconds")
     p.add_argument("--out", help="directory for the results (default benchmarks/results/acceptance-compile-time)")
     p.add_argument("--commit", help="the commit measured (default: git rev-parse --short HEAD)")
     p.add_argument("--device", default="cuda")
@@ -253,26 +263,35 @@ def main():
     from result_files import RESULTS, git_commit, result_stem, utc_date
     from run_zoo import cpu_shares
 
+    import threading
+
+    import torch
+    import triton
+
     configs = [c for c in args.configs.split(",") if c]
     gpus = max(1, min(args.gpus, len(configs)))
     shares = [configs[i::gpus] for i in range(gpus)]
     cpus = cpu_shares(gpus)
-    with concurrent.futures.ThreadPoolExecutor(gpus) as pool:
-        rows = [r for fut in [pool.submit(run_share, args, share, i, cpus[i]) for i, share in enumerate(shares)]
-                for r in fut.result()]
-    import torch
-    import triton
-
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    result = {"environment": {"device": device, "torch": torch.__version__, "triton": triton.__version__,
-                              "commit": args.commit or git_commit(), "date": utc_date(), "gpus": gpus},
-              "runs": rows, "summary": summary(rows, configs)}
+    environment = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
+                   "commit": args.commit or git_commit(), "date": utc_date(), "gpus": gpus}
     out = Path(args.out or RESULTS / "acceptance-compile-time")
     out.mkdir(parents=True, exist_ok=True)
-    stem = result_stem(out, device, commit=result["environment"]["commit"])
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    stem.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    stem = result_stem(out, device, commit=environment["commit"])
+    rows, lock = [], threading.Lock()
+
+    def save():   # after every configuration: a run cut short keeps what it measured
+        with lock:
+            result = {"environment": environment, "runs": list(rows), "summary": summary(rows, configs)}
+            stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+            stem.with_suffix(".md").write_text(markdown(result))
+        return result
+    args.save = save
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(gpus) as pool:
+        for fut in [pool.submit(run_share, args, share, i, cpus[i], rows, started) for i, share in enumerate(shares)]:
+            fut.result()
+    print(markdown(save()))
     print(f"wrote {stem}.json and .md")
 
 

@@ -13,9 +13,15 @@ Triton a driver that knows only that target), so it holds no CUDA context and no
 multiprocessing, whose spawned children re-import the user's script), started when a graph's planning begins
 (`start`), and they end when this process does (their stdin closes).
 
-Everything degrades to the in-process compile: no worker (BRRR_COMPILE_WORKERS=0, one CPU, Triton's
-interpreter, no CUDA), a worker that dies, a kernel that fails to compile there (the in-process compile then
-raises the real error) or a kernel torch's static launcher cannot take. BRRR_COMPILE_WORKERS=N sets the number.
+Workers are off unless BRRR_COMPILE_WORKERS=N asks for N of them: measured on an H200 host (16 CPUs), they
+made cold compiles slower, not faster (benchmarks/NOTES.md, "Compile time"). Threads already overlap most of a
+compile (MLIR passes and ptxas run outside the GIL), and eight workers importing torch and compiling beside the
+main thread slowed its planning (BERT MLM 3.7 -> 9.7 s) and the floor's timings, so the floor tried more
+alternatives.
+
+Everything degrades to the in-process compile: no worker (not asked for, one CPU, Triton's interpreter, no
+CUDA), a worker still starting or busy, a worker that dies, a kernel that fails to compile there (the in-process
+compile then raises the real error) or a kernel torch's static launcher cannot take.
 
 `hash_triton_ahead` starts, in a thread, the one cost every process's first JIT compile pays even when Triton's
 cache holds the kernel: Triton hashing its own files (`triton_key`, ~0.36 s on the H200 hosts), which a warm
@@ -32,7 +38,6 @@ import sys
 import threading
 import time
 
-MAX_WORKERS = 8   # a worker costs ~0.4 GB of host memory (torch and Triton imported)
 _HEADER = struct.Struct("<Q")
 
 
@@ -161,19 +166,16 @@ _POOL_LOCK = threading.Lock()
 
 
 def worker_count():
-    """How many workers this process should use: BRRR_COMPILE_WORKERS, else one per usable CPU (at most
-    MAX_WORKERS); 0 where compiling in-process is the only way (Triton's interpreter, one CPU, no CUDA)."""
-    setting = os.environ.get("BRRR_COMPILE_WORKERS")
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    """How many workers this process uses: BRRR_COMPILE_WORKERS (at most the usable CPUs), else none; none
+    where compiling in-process is the only way (Triton's interpreter, no CUDA)."""
+    setting = os.environ.get("BRRR_COMPILE_WORKERS", "0")
+    if os.environ.get("TRITON_INTERPRET") == "1" or setting == "0":
         return 0
-    if setting is not None:
-        return max(0, int(setting))
     import torch
 
     if not torch.cuda.is_available() or torch.version.hip is not None:
         return 0
-    n = min(usable_cpus(), MAX_WORKERS)
-    return n if n > 1 else 0
+    return max(0, min(int(setting), usable_cpus()))
 
 
 def pool():
