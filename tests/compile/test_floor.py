@@ -25,7 +25,7 @@ class FakeTimer:
     relu) take `kernel_s`; a whole call costs `fused_s` while such a kernel is in it, else `split_s` when the
     graph stores the relu's product for a kernel of its own, else `aten_s` (the ops run as ATen calls)."""
 
-    def __init__(self, fused_s, split_s, aten_s, kernel_s=1e-3, roofline_s=1e-6):
+    def __init__(self, fused_s, split_s, aten_s, kernel_s=1.0, roofline_s=1e-6):
         self.fused_s, self.split_s, self.aten_s = fused_s, split_s, aten_s
         self.kernel_s, self.roofline_s = kernel_s, roofline_s
         self.kernel_calls = self.call_calls = 0
@@ -114,6 +114,23 @@ def test_kernels_at_their_roofline_are_not_given_alternatives(timer_of):
     torch.testing.assert_close(_run(x, w), norm_block(x, w))
     assert timer.kernel_calls == floor.KERNEL_SAMPLES and timer.call_calls == 0
     assert floor.DECISIONS and all(not v.tried for v in floor.DECISIONS)
+
+
+def test_a_slow_kernel_whose_whole_gap_cannot_reach_the_margin_is_given_no_alternative(timer_of, monkeypatch,
+                                                                                       tmp_path):
+    """No alternative can save more than a kernel's time above its roofline: where that is under the 3% an
+    alternative must save of the whole call, none is compiled (the timer double would have split won)."""
+    timer = timer_of(FakeTimer(3.0, 1.0, 1.0, kernel_s=0.08))
+    x, w = torch.randn(8, 64), torch.randn(64)
+    torch.testing.assert_close(_run(x, w), norm_block(x, w))
+    [slow] = [v for v in floor.DECISIONS if _fuses_relu_and_mean(v.kernel)]
+    assert slow.fraction < floor.THRESHOLD and slow.tried == {"fused": 3.0} and slow.kept == "fused"
+    assert timer.call_calls == 1 and timer.forms == ["fused"]
+    monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path / "measured-again"))   # no verdict cached
+    timer_of(FakeTimer(3.0, 1.0, 1.5, kernel_s=0.1))   # over 3% of the call: tried, and split kept
+    torch.testing.assert_close(_run(x, w), norm_block(x, w))
+    [slow] = [v for v in floor.DECISIONS if _fuses_relu_and_mean(v.kernel) and v.kept != "fused"]
+    assert slow.kept == "split" and {"split", "aten"} <= set(slow.tried)
 
 
 def test_cached_verdicts_are_applied_without_timing(timer_of):

@@ -48,7 +48,7 @@ MAX_SLOW = 3           # slow kernels given alternatives per graph (each alterna
 KERNEL_SAMPLES = 2     # instrumented calls; each kernel keeps its least time
 CALL_SAMPLES = 5       # timed whole calls per candidate, after one checking call
 HEAD_START_CYCLES = 20_000_000   # ~10 ms of GPU clock: longer than the host takes to queue a large graph
-VERSION = 4            # of the verdicts' format and rules: a change makes old verdicts miss
+VERSION = 5            # of the verdicts' format and rules: a change makes old verdicts miss
 
 TIMER = None           # a stand-in for DeviceTimer (tests)
 DECISIONS = []         # Verdict records, process-wide, in the order they were made
@@ -304,10 +304,18 @@ def _try_alternatives(graph, args, timer, slow, digests):
     """For each slow kernel in turn, on the graph's fastest form so far: its launch with half and twice the warps,
     then the plan split at its fusions and its ops as ATen calls (each kept by whole-call time, MARGIN). Kernels of
     one source (a repeated layer's) are one decision, taken for all of them: a cached verdict is applied by
-    source (`_apply`), so the form timed here is the form a second compile builds."""
+    source (`_apply`), so the form timed here is the form a second compile builds.
+
+    A source whose summed stake (its time above its roofline) is under what MARGIN asks an alternative to save
+    gets none: no alternative can save more than that gap, so none could be kept, and each costs a compile (a
+    re-plan of the whole graph for split and ATen)."""
     base = timer.call_time(graph, args)
     force, split, warps, best = set(), set(), {}, None
-    for digest, verdicts in _by_source(slow)[:MAX_SLOW]:
+    for digest, stake, verdicts in _by_source(slow)[:MAX_SLOW]:
+        if stake < (1 - MARGIN) * base:
+            for v in verdicts:
+                v.tried, v.kept = {"fused": base}, "fused"
+            continue
         same = [c for c in graph.kernel_choices if c.digest == digest]
         fx_nodes = {fx for c in same for fx in c.fx_nodes}
         split_at = {fx for c in same for fx in c.split_at}
@@ -351,13 +359,13 @@ def _try_alternatives(graph, args, timer, slow, digests):
 
 
 def _by_source(slow):
-    """[(digest, verdicts)] of the slow kernels (stake, verdict, choice), one entry per source, the most summed
-    stake first."""
+    """[(digest, summed stake, verdicts)] of the slow kernels (stake, verdict, choice), one entry per source, the
+    most summed stake first."""
     stakes, verdicts = {}, {}
     for stake, v, c in slow:
         stakes[c.digest] = stakes.get(c.digest, 0.0) + stake
         verdicts.setdefault(c.digest, []).append(v)
-    return [(d, verdicts[d]) for d in sorted(stakes, key=lambda d: -stakes[d])]
+    return [(d, stakes[d], verdicts[d]) for d in sorted(stakes, key=lambda d: -stakes[d])]
 
 
 def _names_of(form, digest):
