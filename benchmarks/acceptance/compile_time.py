@@ -39,6 +39,7 @@ PHASES = [
     ("brrr: first calls (check, floor, call)", "brrr.compile.runtime.compiled", "CompiledGraph._first_call"),
     ("brrr: floor settle", "brrr.compile.runtime.floor", "settle"),
     ("brrr: floor alternatives", "brrr.compile.runtime.floor", "_try_alternatives"),
+    ("brrr: launch-or-replay trials", "brrr.compile.runtime.compiled", "CompiledGraph._run_trial"),
     ("brrr: graph or captured (the first calls)", "brrr.compile.runtime.captured_choice", "CompiledOrCaptured.__call__"),
     ("brrr: a backward's inputs kept on the host", "brrr.compile.runtime.handed_over", "HandedOver.__init__"),
     ("brrr: kernels loaded from their binaries", "brrr.compile.runtime.launch", "load_binary"),
@@ -134,10 +135,10 @@ def child(backend, config, profile, device="cuda", quick=False):
     print(f"RESULT backend={backend} first_call_s={first:.2f} steady_ms={steady * 1e3:.2f} "
           f"import_brrr_s={t_import:.2f}", flush=True)
     if backend == "brrr":
-        from brrr.compile.runtime import compile_workers, graph_cache
+        from brrr.compile.runtime import aot_cache, compile_workers, graph_cache
 
         pool = compile_workers._POOL
-        print("graph cache:", graph_cache.STATS)
+        print("graph cache:", graph_cache.STATS, "AOT cache:", aot_cache.STATS)
         print("compile workers:", "none" if pool is None else
               f"{pool.size} started, {pool.compiled} kernels compiled, lost: {pool.lost}")
         for label, _, _ in PHASES:
@@ -184,7 +185,8 @@ def run_share(args, configs, gpu, cpus, rows, started):
             continue
         for backend in args.backends.split(","):
             with tempfile.TemporaryDirectory() as d:
-                env = dict(worker_env(gpu, cpus) if args.device == "cuda" else os.environ, BRRR_CACHE_DIR=f"{d}/brrr",
+                env = dict(worker_env(gpu, cpus) if args.device == "cuda" else os.environ, PYTHONFAULTHANDLER="1",
+                           BRRR_CACHE_DIR=f"{d}/brrr",
                            TRITON_CACHE_DIR=f"{d}/triton", TORCHINDUCTOR_CACHE_DIR=f"{d}/inductor")
                 for label in args.runs.split(","):
                     row = run_one(args, config, backend, label, env, cpus,
