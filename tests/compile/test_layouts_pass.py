@@ -147,6 +147,31 @@ def test_blocks_equal_eager_when_converted(timer, seen, name, fmt):
         assert decision.graph == "training" and decision.converted
 
 
+def test_a_converted_training_graph_is_kept_and_a_second_compile_traces_nothing(timer, seen, monkeypatch, tmp_path):
+    """The conversion leaves fake views in the graphs' metadata (values re-propagated), which torch's GraphPickler
+    cannot write: the AOT cache keeps the graphs all the same, so a warm start skips AOTAutograd and this pass, and
+    its results equal eager's in the converted layout."""
+    from torch._dynamo.backends import common
+
+    from brrr.compile.runtime import aot_cache
+
+    monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("BRRR_GRAPH_CACHE", "1")
+    monkeypatch.setattr(aot_cache, "STATS", dict.fromkeys(aot_cache.STATS, 0))
+    traced, aot = [], common.aot_module_simplified
+    monkeypatch.setattr(common, "aot_module_simplified", lambda *a, **k: traced.append(1) or aot(*a, **k))
+    timer(Timer(as_is_s=2e-3, channels_last_s=1e-3))
+    torch.manual_seed(0)
+    model, x = ConvBlock(), torch.randn(2, 3, 8, 8)
+    _assert_same(*_train(model, x))
+    assert layouts.DECISIONS[0].converted and traced == [1]
+    assert aot_cache.STATS["stored"] == 1 and aot_cache.STATS["refused"] == 0
+    seen.channels_last.clear()
+    _assert_same(*_train(model, x))
+    assert traced == [1] and aot_cache.STATS["hits"] == 1 and len(layouts.DECISIONS) == 1
+    assert seen.channels_last and all(seen.channels_last)   # the kept graphs run channels_last
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_blocks_stay_nchw_when_the_timer_says_channels_last_is_slower(timer, seen, name):
     timer(Timer(as_is_s=1e-3, channels_last_s=1.2e-3))

@@ -22,6 +22,7 @@ import os
 import pickle
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from brrr.compile.cache import folder, write_atomic
 from brrr.compile.runtime import graph_cache
@@ -29,7 +30,8 @@ from brrr.compile.runtime.lean_autograd import LeanSpec
 
 FORMAT = 1
 STATS = {"hits": 0, "misses": 0, "stored": 0, "refused": 0}
-UNREAD_META = ("stack_trace", "from_node", "output_stack_traces")   # user-code provenance, for torch's logs
+# user-code provenance, for torch's logs; source_fn_stack may hold a local function (F.max_pool2d's dispatcher)
+UNREAD_META = ("stack_trace", "from_node", "output_stack_traces", "source_fn_stack", "fwd_source_fn_stack")
 
 
 def _caller_state(example_inputs):
@@ -65,11 +67,32 @@ def _pickler():
     return GraphPickler, Options(ops_filter=None)   # brrr's own ops (the fused loss) are kept too
 
 
+def _unviewed(val):
+    """`val` with each fake view replaced by a tensor of its own over the same fake storage, sizes, strides and
+    offset: GraphPickler cannot write a view of a fake tensor (the description of its base keeps the fake mode).
+    A pass that re-propagates fake tensors through the graph (layouts.py) leaves such views in node metadata."""
+    if isinstance(val, (tuple, list)):
+        return type(val)(_unviewed(v) for v in val)
+    if not isinstance(val, FakeTensor) or not val._is_view():
+        return val
+    with val.fake_mode:
+        return torch.empty(0, dtype=val.dtype, device=val.device).set_(
+            val.untyped_storage(), val.storage_offset(), val.shape, val.stride())
+
+
 def store(k, spec, graphs, statics):
     """Keep `graphs` (kind -> GraphModule AOTAutograd made), `spec` and `statics` under `k`."""
     # what no stage of brrr reads after AOTAutograd, half an entry's bytes (BERT-base): left out of the entry
     left_out = [(n.meta, key, n.meta.pop(key)) for g in graphs.values() for n in g.graph.nodes
                 for key in UNREAD_META if key in n.meta]
+    for g in graphs.values():
+        for n in g.graph.nodes:
+            if "val" in n.meta:
+                val = n.meta["val"]
+                unviewed = _unviewed(val)
+                if unviewed is not val:
+                    left_out.append((n.meta, "val", val))
+                    n.meta["val"] = unviewed
     try:
         pickler, options = _pickler()
         body = pickler.dumps({"format": FORMAT, "spec": spec, "graphs": graphs, "statics": statics}, options)
