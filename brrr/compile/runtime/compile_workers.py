@@ -1,9 +1,9 @@
-"""Triton compiles in worker processes (codegen -> **runtime**): a cold graph's kernels compile in parallel.
+"""Triton compiles in worker processes, where asked for (codegen -> **runtime**; BRRR_COMPILE_WORKERS=N).
 
 Threads already compile a graph's functions at once (`compiled.assemble`, the floor's warp variants), but the
 front half of a Triton compile, Python walking the kernel's AST into MLIR, holds the GIL: on a cold ConvNeXt
-the main thread's profile showed ~10 s in Triton's code generator. Here each compiling thread hands its kernel
-to a process of its own and waits, with the GIL released, for the compiled kernel's binary: what
+the main thread's profile showed ~10 s in Triton's code generator. With workers, each compiling thread hands its
+kernel to a process of its own and waits, with the GIL released, for the compiled kernel's binary: what
 `launch.binary_of` keeps (torch's static launcher, its cubin in brrr's cache), which `launch.load_binary` loads
 without Triton's JIT.
 
@@ -19,8 +19,7 @@ compile (MLIR passes and ptxas run outside the GIL), and eight workers importing
 main thread slowed its planning (BERT MLM 3.7 -> 9.7 s) and the floor's timings, so the floor tried more
 alternatives.
 
-Everything degrades to the in-process compile: no worker (not asked for, one CPU, Triton's interpreter, no
-CUDA), a worker still starting or busy, a worker that dies, a kernel that fails to compile there (the in-process
+Everything degrades to the in-process compile: no worker (not asked for, Triton's interpreter, no CUDA), a worker still starting or busy, a worker that dies, a kernel that fails to compile there (the in-process
 compile then raises the real error) or a kernel torch's static launcher cannot take.
 
 `hash_triton_ahead` starts, in a thread, the one cost every process's first JIT compile pays even when Triton's
