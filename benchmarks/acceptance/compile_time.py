@@ -160,7 +160,8 @@ def run_one(args, config, backend, label, env, cpus, profile=False):
                              preexec_fn=lambda: os.sched_setaffinity(0, cpus))
         rc, stdout, stderr = out.returncode, out.stdout, out.stderr
     except subprocess.TimeoutExpired as e:
-        rc, stdout, stderr = "timeout", (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), ""
+        partial = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        rc, stdout, stderr = "timeout", partial, ""
     row = {"config": config, "backend": backend, "run": label, "process_s": round(time.perf_counter() - t, 2),
            "rc": rc}
     lines = [ln for ln in stdout.splitlines() if ln.startswith(("RESULT", "PHASE", "graph cache", "compile workers"))]
@@ -226,7 +227,8 @@ def summary(rows, configs):
 def markdown(result):
     env, s = result["environment"], result["summary"]
     f = (lambda v, d=2: "-" if v is None else f"{v:.{d}f}")
-    lines = [f"# Compile time: first step (training or inference) in a new process, cold and warm ({env['device']}, torch "
+    lines = [f"# Compile time: first step (training or inference) in a new process, cold and warm ({env['device']}, "
+             f"torch "
              f"{env['torch']}, triton {env['triton']}, commit {env['commit']}, {env['date']})", "",
              "| configuration | brrr cold s | brrr warm s | warm/cold | Inductor cold s | Inductor warm s | "
              "brrr/Inductor cold |", "|---|---|---|---|---|---|---|"]

@@ -19,7 +19,8 @@ compile (MLIR passes and ptxas run outside the GIL), and eight workers importing
 main thread slowed its planning (BERT MLM 3.7 -> 9.7 s) and the floor's timings, so the floor tried more
 alternatives.
 
-Everything degrades to the in-process compile: no worker (not asked for, Triton's interpreter, no CUDA), a worker still starting or busy, a worker that dies, a kernel that fails to compile there (the in-process
+Everything degrades to the in-process compile: no worker (not asked for, Triton's interpreter, no CUDA), a
+worker still starting or busy, a worker that dies, a kernel that fails to compile there (the in-process
 compile then raises the real error) or a kernel torch's static launcher cannot take.
 
 `hash_triton_ahead` starts, in a thread, the one cost every process's first JIT compile pays even when Triton's
