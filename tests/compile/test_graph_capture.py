@@ -192,6 +192,28 @@ def test_ctc_loss_blocks_the_capture():
     assert "aten._ctc_loss copies its lengths to the device" in host_copies(gm).blocker
 
 
+@pytest.mark.parametrize("dropout_p", [0.1, 0.0])
+def test_efficient_attention_with_dropout_blocks_the_capture(dropout_p):
+    """Memory-efficient attention returns its RNG seed and offset as host tensors when launched and as device
+    tensors when captured; its backward, launched, reads them on the host. A replayed forward beside a launched
+    backward made that a read of device memory on the host: wav2vec2's fp32 training crashed. Without dropout there
+    is no RNG state, and the graph captures."""
+    gm = _fake_cuda_graph(lambda q: q * 2, ((2, 4, 8, 16), torch.float32, "cuda"))
+    doubled = next(n for n in gm.graph.nodes if n.op == "call_function")
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    with gm.graph.inserting_before(output):
+        attention = gm.graph.call_function(torch.ops.aten._scaled_dot_product_efficient_attention.default,
+                                           (doubled, doubled, doubled, None, True, dropout_p))
+    q = doubled.meta["val"]
+    attention.meta["val"] = (q.new_empty(q.shape), q.new_empty(2, 4, 8), q.new_empty((), dtype=torch.int64,
+                             device="cpu"), q.new_empty((), dtype=torch.int64, device="cpu"))
+    blocker = host_copies(gm).blocker
+    if dropout_p:
+        assert "aten._scaled_dot_product_efficient_attention with dropout keeps its RNG state" in blocker
+    else:
+        assert blocker is None
+
+
 def test_a_graph_on_the_host_alone_has_nothing_to_stage():
     gm = make_fx(lambda x: (x * 2,))(torch.randn(3))
     assert host_copies(gm) == HostCopies(None)

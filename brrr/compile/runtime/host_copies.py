@@ -12,7 +12,9 @@ copy across devices is one of them: lowering leaves such copies to ATen):
   the device reads (an op would see the value it had at capture on every replay), an input on the host the
   graph returns, a host tensor an op on the device reads whole (it copies it over inside), a device tensor
   brought back to the host, an ATen op that moves host data to the device by itself (ctc_loss copies its
-  lengths) or waits for the device (nonzero).
+  lengths) or waits for the device (nonzero), or memory-efficient attention with dropout: it returns its RNG
+  seed and offset on the host when launched but on the device when captured, and its backward, launched, reads
+  them on the host (a forward replayed beside a launched backward crashed wav2vec2's fp32 training).
   Such a graph launches its kernels, with the reason logged (replay_choice.Decision).
 Host constants copied to the device are moved once when the graph is planned (passes/device_constants.py); one
 left in the graph is a blocker.
@@ -32,6 +34,19 @@ _UNCAPTURABLE = {
     "unique_consecutive": "waits for the device to size its output", "bincount": "waits for the device",
     "_local_scalar_dense": "reads a device value on the host (.item())",
 }
+
+
+# ops whose RNG state (seed, offset) is a host tensor when launched and a device tensor when captured, where
+# dropout is on (the position of dropout_p among their arguments): a launched backward dereferences it on the host
+_RNG_STATE_BY_CAPTURE = {"_scaled_dot_product_efficient_attention": 5, "_efficient_attention_forward": 8}
+
+
+def _dropout_on(node):
+    position = _RNG_STATE_BY_CAPTURE.get(op_name(node.target))
+    if position is None:
+        return False
+    p = node.kwargs.get("dropout_p", node.args[position] if len(node.args) > position else 0.0)
+    return not isinstance(p, (int, float)) or p != 0
 
 
 def uncapturable(op):
@@ -102,6 +117,9 @@ def host_copies(gm):
     for node in gm.graph.nodes:
         if node.op == "call_function" and op_name(node.target) in _UNCAPTURABLE:
             blockers.append(f"aten.{op_name(node.target)} {_UNCAPTURABLE[op_name(node.target)]}")
+        if node.op == "call_function" and _dropout_on(node):
+            blockers.append(f"aten.{op_name(node.target)} with dropout keeps its RNG state on the host only when "
+                            f"launched (its backward reads it there)")
     for position, node in enumerate(placeholders):
         if not _on_host(node):
             continue
