@@ -121,6 +121,14 @@ def test_index_reduce_and_index_add():
         _no_fallbacks(fn, xd, sd)
 
 
+def test_index_reduce_into_a_0_dim_tensor_runs_as_aten_with_its_reason():
+    fn = lambda x, s: x.index_reduce(0, torch.tensor([0]), s, "mean") * 1  # noqa: E731
+    x, s = torch.tensor(2.0), torch.tensor(5.0)
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled(fn)(x, s), fn(x, s))
+    assert [f.reason for f in explain(fn, x, s).fallbacks] == ["index_reduce into a 0-dim tensor"]
+
+
 def test_one_value_scattered_at_repeated_positions():
     x, _ = _inputs(torch.float32)
     fn = lambda x: x.scatter(0, INDEX, 0.5) + 1  # noqa: E731

@@ -145,9 +145,10 @@ def lower_scatter_reduce(L, fx, x, dim, index, src, reduce, include_self=True):
 @register("index_reduce")
 def lower_index_reduce(L, fx, x, dim, index, source, reduce, include_self=True):
     """x along `dim` at index[i] reduced with source's slice i."""
-    dim %= max(len(x.shape), 1)
-    if x.shape:
-        check_index_input(L, index, x.shape[dim], "index_reduce")
+    if not x.shape:   # a 0-dim x takes a 1-D index: nothing here addresses a dim that x lacks
+        raise NotLowered("index_reduce into a 0-dim tensor")
+    dim %= len(x.shape)
+    check_index_input(L, index, x.shape[dim], "index_reduce")
     at = (lambda idx: [idx[dim]]) if index.shape else (lambda idx: [])
     return scatter_into(L, fx, x, tuple(source.shape), lambda idx: source(idx), _along(x, dim, index, at), reduce,
                         include_self)
