@@ -198,7 +198,8 @@ def warm_all(launchers, device_index, strict=False, threads=1):
     with the same dtypes and meta share a binary), `threads` at a time; {launcher: binary or None}."""
     firsts, of = {}, {}
     for k in launchers:
-        key = (k.origin[:2] if k.origin else id(k._load), k.warm_dtypes, tuple(sorted(k.meta.items())))
+        kernel = k.origin[:2] if k.origin else id(k._load if k._load is not None else k._jit_fn)
+        key = (kernel, k.warm_dtypes, tuple(sorted(k.meta.items())))
         of[k] = firsts.setdefault(key, k)
     if threads > 1 and len(firsts) > 1:
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(threads, len(firsts))) as pool:
