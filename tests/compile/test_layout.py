@@ -273,9 +273,31 @@ def test_a_column_split_whose_last_chunk_ends_early_walks_whole_steps_unmasked()
     assert tail_loads and all("< 12608" in "\n".join(lines[tail:]) and "other=" in line for line in tail_loads)
 
 
-@pytest.mark.parametrize("rows, cols", [(2048, 1100), (1030, 1100), (1030, 2048)],
+@pytest.fixture
+def small_column_splits(monkeypatch):
+    """The column split's thresholds scaled down, so that its three kinds of chunk appear at ~150k elements (the
+    interpreter runs them ~10x faster than at the ~2M elements the real thresholds need): a split from 128 rows
+    and 32k elements, chunks of at least 100 rows (64 where they tile the rows), and partial sums over more than
+    512 columns looped rather than held whole."""
+    from brrr.compile.codegen import triton as codegen
+    from brrr.compile.lowering import core
+
+    for name, value in dict(SPLIT_COLUMN_MIN_R=128, SPLIT_COLUMN_MIN_NUMEL=1 << 15, SPLIT_COLUMN_PROGRAMS=32,
+                            SPLIT_COLUMN_MIN_CHUNK=100, SPLIT_COLUMN_MIN_EXACT_CHUNK=64).items():
+        monkeypatch.setattr(core, name, value)
+    monkeypatch.setattr(codegen, "FEW_COLUMNS", 512)
+
+
+@pytest.mark.parametrize("rows, cols, exact, whole_steps", [(256, 600, True, False), (261, 600, False, False),
+                                                           (261, 608, False, True)],
                          ids=["exact-chunks", "masked-chunks", "whole-steps-then-a-masked-one"])
-def test_split_column_sums_match_eager(rows, cols):
+def test_split_column_sums_match_eager(small_column_splits, rows, cols, exact, whole_steps):
+    g = torch.empty(rows, cols, dtype=torch.float64, device="meta")
+    (_, _, kernels), = plans(lambda g: g.sum(0), g)
+    (k, partial), = [(k, ks) for k, ks in kernels.items() if len(k.shape) == 3]
+    # the kind of chunk the id names: chunks that tile the rows, or a masked last one walked in whole steps or not
+    assert k.shape[0] * k.shape[1] == rows if exact else k.shape[0] * k.shape[1] > rows
+    assert ("range(0, rfull, RBLOCK)" in partial.source) == whole_steps
     torch.manual_seed(0)
     x = torch.randn(rows, cols, dtype=torch.float64)
     for f in (lambda x: x.sum(0), lambda x: x.var(0), lambda x: (x * x[:, :1]).amax(0)):
