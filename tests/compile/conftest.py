@@ -148,3 +148,18 @@ class _BoundsGuard:
 
 
 _BoundsGuard().install()
+
+
+@pytest.fixture
+def small_column_splits(monkeypatch):
+    """The column split's thresholds scaled down, so that its three kinds of chunk appear at ~150k elements (the
+    interpreter runs them ~10x faster than at the ~2M elements the real thresholds need): a split from 128 rows
+    and 32k elements, chunks of at least 100 rows (64 where they tile the rows), and partial sums over more than
+    512 columns looped rather than held whole."""
+    from brrr.compile.codegen import triton as codegen
+    from brrr.compile.lowering import core
+
+    for name, value in dict(SPLIT_COLUMN_MIN_R=128, SPLIT_COLUMN_MIN_NUMEL=1 << 15, SPLIT_COLUMN_PROGRAMS=32,
+                            SPLIT_COLUMN_MIN_CHUNK=100, SPLIT_COLUMN_MIN_EXACT_CHUNK=64).items():
+        monkeypatch.setattr(core, name, value)
+    monkeypatch.setattr(codegen, "FEW_COLUMNS", 512)
