@@ -84,17 +84,16 @@ def _unviewed(val):
 
 def store(k, spec, graphs, statics):
     """Keep `graphs` (kind -> GraphModule AOTAutograd made), `spec` and `statics` under `k`."""
-    # what no stage of brrr reads after AOTAutograd, half an entry's bytes (BERT-base): left out of the entry
-    left_out = [(n.meta, key, n.meta.pop(key)) for g in graphs.values() for n in g.graph.nodes
-                for key in UNREAD_META if key in n.meta]
-    for g in graphs.values():
-        for n in g.graph.nodes:
-            if "val" in n.meta:
-                val = n.meta["val"]
-                unviewed = _unviewed(val)
-                if unviewed is not val:
-                    left_out.append((n.meta, "val", val))
-                    n.meta["val"] = unviewed
+    # what no stage of brrr reads after AOTAutograd (half an entry's bytes, BERT-base) is left out of the entry, and
+    # fake views are written as tensors of their own; every node's metadata is put back as it was afterwards
+    left_out = []
+    for n in (n for g in graphs.values() for n in g.graph.nodes):
+        left_out += [(n.meta, key, n.meta.pop(key)) for key in UNREAD_META if key in n.meta]
+        val = n.meta.get("val")
+        unviewed = _unviewed(val)
+        if unviewed is not val:
+            left_out.append((n.meta, "val", val))
+            n.meta["val"] = unviewed
     try:
         pickler, options = _pickler()
         body = pickler.dumps({"format": FORMAT, "spec": spec, "graphs": graphs, "statics": statics}, options)

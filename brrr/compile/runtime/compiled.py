@@ -11,7 +11,6 @@ passes (matmul epilogue fusion: brrr.compile.matmul.fusion), so the runtime impo
 
 import ast
 import concurrent.futures
-import functools
 import os
 import weakref
 from collections import Counter
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from brrr.compile import fallbacks
-from brrr.compile.cache import device_name, load_kernel
+from brrr.compile.cache import device_name
 from brrr.compile.codegen.triton import generate
 from brrr.compile.fallbacks import KernelFailed, debugging, is_out_of_memory, recover, warn_once
 from brrr.compile.ir import nodes as ir, sizes
@@ -726,11 +725,10 @@ def _launchers(group, device, device_index):
 
 def _launcher(spec, device, device_index):
     """A Launcher for `spec`, given its kept binary where that loads."""
-    load = functools.partial(load_kernel, spec.source, spec.function, device)
     grid = tuple(1 if isinstance(g, torch.SymInt) else g for g in spec.grid)   # given per call instead
     loaded = None
     if spec.binary is not None and device_index is not None and os.environ.get("TRITON_INTERPRET") != "1":
         loaded = load_binary(spec.binary, device_index)
     return Launcher(None, grid, spec.meta, name=spec.function, fx_nodes=spec.fx_nodes, fresh_slots=spec.fresh_slots,
-                    symbols=spec.symbols, load=load, warm_dtypes=spec.warm_dtypes, binary=loaded,
+                    symbols=spec.symbols, warm_dtypes=spec.warm_dtypes, binary=loaded,
                     origin=(spec.source, spec.function, device))

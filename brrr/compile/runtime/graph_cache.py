@@ -221,8 +221,7 @@ def store(k, compiled, gm):
             "format": FORMAT, "kind": compiled.kind, "source": compiled.source,
             "constants": {name: encode(v, gm) for name, v in constants.items()},
             "kernels": [{"name": s.name, "function": s.function, "source": s.source, "grid": list(s.grid),
-                         "meta": s.meta,
-                         "fx_nodes": [n.name for n in s.fx_nodes], "fresh_slots": list(s.fresh_slots),
+                         "meta": s.meta, "fx_nodes": [n.name for n in s.fx_nodes], "fresh_slots": list(s.fresh_slots),
                          "symbols": s.symbols,
                          "binary": None if s.binary is None else base64.b64encode(s.binary).decode(),
                          "warm_dtypes": None if s.warm_dtypes is None else [str(d).removeprefix("torch.")

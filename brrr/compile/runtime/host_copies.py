@@ -115,11 +115,14 @@ def host_copies(gm):
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     blockers, staged = [], []
     for node in gm.graph.nodes:
-        if node.op == "call_function" and op_name(node.target) in _UNCAPTURABLE:
-            blockers.append(f"aten.{op_name(node.target)} {_UNCAPTURABLE[op_name(node.target)]}")
-        if node.op == "call_function" and _dropout_on(node):
-            blockers.append(f"aten.{op_name(node.target)} with dropout keeps its RNG state on the host only when "
-                            f"launched (its backward reads it there)")
+        if node.op != "call_function":
+            continue
+        name = op_name(node.target)
+        if name in _UNCAPTURABLE:
+            blockers.append(f"aten.{name} {_UNCAPTURABLE[name]}")
+        elif _dropout_on(node):
+            blockers.append(f"aten.{name} with dropout keeps its RNG state on the host only when launched (its "
+                            f"backward reads it there)")
     for position, node in enumerate(placeholders):
         if not _on_host(node):
             continue

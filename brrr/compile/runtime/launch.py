@@ -29,13 +29,14 @@ generated call makes them per call, and the matmul stage when it times the templ
 """
 
 import concurrent.futures
+import functools
 import hashlib
 import os
 import pickle
 
 import torch
 
-from brrr.compile.cache import cache_dir, write_atomic
+from brrr.compile.cache import cache_dir, load_kernel, write_atomic
 from brrr.compile.fallbacks import KernelFailed
 from brrr.compile.runtime import compile_workers, kernel_registry
 
@@ -218,10 +219,13 @@ class Launcher:
     `jit_fn` may be None with `load` a function that returns it: a launcher given `binary` (a kernel loaded by
     `load_binary`, from the graph cache) launches it directly from its first call and loads the JIT function only
     when a call needs it (misaligned tensors, launch hooks, a retune). `origin` (module source, function name,
-    device name: what `load` reads) lets `warm` compile the kernel in a worker process (compile_workers.py)."""
+    device name) is where a kernel of brrr's comes from: `load` defaults to reading it from the kernel cache, and
+    `warm` can compile it in a worker process (compile_workers.py)."""
 
     def __init__(self, jit_fn, grid, meta, name="kernel", fx_nodes=(), fresh_slots=(), symbols=0, load=None,
                  binary=None, warm_dtypes=None, origin=None):
+        if load is None and origin is not None:
+            load = functools.partial(load_kernel, *origin)
         self._jit_fn, self._load, self.origin = jit_fn, load, origin
         self.warm_dtypes = warm_dtypes   # its arguments' dtypes, to compile it before its first launch (`warm`)
         self.grid, self.meta = tuple(grid), dict(meta)
