@@ -146,14 +146,17 @@ def child(backend, config, profile, device="cuda", quick=False):
     if prof:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(
-            r"brrr/|_functorch|convert_frame|triton/runtime|triton/compiler", 60)
-        print(s.getvalue())
+            r"brrr/|_functorch|_dynamo|triton/runtime|triton/compiler", 80)
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(40)
+        Path(os.environ["COMPILE_TIME_PROFILE"]).write_text(s.getvalue())
 
 
 def run_one(args, config, backend, label, env, cpus, profile=False):
     """One cold or warm process on `cpus`; its row (first step and steady step times), its output lines kept."""
     cmd = [sys.executable, __file__, "--configs", config, "--child", backend, "--device", args.device] + \
           (["--profile-child"] if profile else []) + (["--quick"] if args.quick else [])
+    if profile:   # the child's cProfile report, beside the results
+        env = dict(env, COMPILE_TIME_PROFILE=str(args.out_dir / f"profile-{config}-{backend}-{label}.txt"))
     t = time.perf_counter()
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout_s,
@@ -189,9 +192,11 @@ def run_share(args, configs, gpu, cpus, rows, started):
                 env = dict(worker_env(gpu, cpus) if args.device == "cuda" else os.environ, PYTHONFAULTHANDLER="1",
                            BRRR_CACHE_DIR=f"{d}/brrr",
                            TRITON_CACHE_DIR=f"{d}/triton", TORCHINDUCTOR_CACHE_DIR=f"{d}/inductor")
-                for label in args.runs.split(","):
-                    row = run_one(args, config, backend, label, env, cpus,
-                                  profile=args.profile == label and backend == "brrr")
+                labels = args.runs.split(",")
+                if args.profile and backend == "brrr":   # its own run: cProfile's cost stays out of the timed ones
+                    labels.append(f"{args.profile}-profiled")
+                for label in labels:
+                    row = run_one(args, config, backend, label, env, cpus, profile=label.endswith("-profiled"))
                     rows.append(row)
                     print(f"[gpu {gpu}] {config} {backend} {label}: first step {row.get('first_call_s', '-')} s, "
                           f"rc {row['rc']}", flush=True)
@@ -248,7 +253,8 @@ def main():
     p.add_argument("--gpus", type=int, default=1, help="configurations spread over this many GPUs")
     p.add_argument("--runs", default="cold,warm", help="cold, warm or both (warm follows a cold run)")
     p.add_argument("--phases", action="store_true", help="keep brrr's PHASE lines in the output and the JSON")
-    p.add_argument("--profile", choices=("cold", "warm"), help="cProfile brrr's cold or warm first step")
+    p.add_argument("--profile", choices=("warm",), help="one more warm brrr run under cProfile, its report written "
+                   "beside the results (not counted in the table)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per process")
     p.add_argument("--budget-s", type=float, default=480.0, help="no configuration starts after this many seconds")
     p.add_argument("--out", help="directory for the results (default benchmarks/results/acceptance-compile-time)")
@@ -282,6 +288,7 @@ def main():
     out = Path(args.out or RESULTS / "acceptance-compile-time")
     out.mkdir(parents=True, exist_ok=True)
     stem = result_stem(out, device, commit=environment["commit"])
+    args.out_dir = out
     rows, lock = [], threading.Lock()
 
     def save():   # after every configuration: a run cut short keeps what it measured
