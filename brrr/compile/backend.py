@@ -362,9 +362,6 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
             return compiled
         return compile_kind
 
-    backend = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-                           inference_compiler=compiler("inference"), decompositions=decomposition_table(),
-                           partition_fn=_with_layouts(partition_fn(recompute)))
     try:
         rewrites = fuse_linear_cross_entropy(gm)
     except Exception as e:   # an optimization only: the graph stays as Dynamo gave it
@@ -388,6 +385,10 @@ def _compile_static(gm, example_inputs, eager_forward, cuda_graphs="auto", _sink
         compiled = _from_aot_cache(kept, example_inputs, cuda_graphs, matmul_templates)
         if compiled is not None:
             return compiled
+    # built on a miss only: the decomposition table alone costs a warm start ~0.2 s
+    backend = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                           inference_compiler=compiler("inference"), decompositions=decomposition_table(),
+                           partition_fn=_with_layouts(partition_fn(recompute)))
     try:
         with patch or contextlib.nullcontext():
             compiled = backend(gm, example_inputs)

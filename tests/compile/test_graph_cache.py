@@ -298,3 +298,36 @@ def test_an_aot_entry_leaves_out_the_stack_traces_and_the_live_graph_keeps_them(
     assert all("stack_trace" not in n.meta for n in kept.graph.nodes)
     assert all(n.meta["stack_trace"].startswith("File") for n in gm.graph.nodes)   # the live graph keeps them
     torch.testing.assert_close(kept(torch.ones(4))[0], torch.ones(4).sin() * 2)
+
+
+def test_an_aot_entry_gives_back_each_fake_value_s_layout_and_shared_storages(tmp_path, monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from brrr.compile.runtime import aot_cache
+    from brrr.compile.runtime.lean_autograd import LeanSpec
+
+    monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
+
+    def f(x, w, i):
+        t = x.t()                       # a view: shares x's storage
+        y = (t * 2)[1:, ::2]            # an offset, strided view of a fresh tensor
+        return y, w.to(torch.bfloat16) + 1, i + 1, t
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(4, 6), torch.randn(3, requires_grad=True),
+                                        torch.arange(5))
+    w = next(n for n in gm.graph.nodes if n.name.startswith("w"))
+    w.meta["val"] = w.meta["val"].detach().requires_grad_(True)   # a parameter's value, as AOTAutograd's has it
+    before = [n.meta["val"] for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    assert aot_cache.store("k", LeanSpec("inference", (), ()), {"inference": gm}, ())
+    mode = FakeTensorMode()
+    _, graphs, _ = aot_cache.load("k", mode)
+    after = [n.meta["val"] for n in graphs["inference"].graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    assert len(after) == len(before) > 6
+    for a, b in zip(after, before):
+        assert isinstance(a, FakeTensor) and a.fake_mode is mode
+        assert (a.shape, a.stride(), a.storage_offset(), a.dtype, a.device, a.requires_grad) == \
+            (b.shape, b.stride(), b.storage_offset(), b.dtype, b.device, b.requires_grad)
+    same = [[x.untyped_storage()._cdata == y.untyped_storage()._cdata for y in vals] for vals in (before, after)
+            for x in vals]
+    n = len(before)
+    assert same[:n] == same[n:] and any(s for i, row in enumerate(same[:n]) for j, s in enumerate(row) if i != j)
+    assert any(v.requires_grad for v in after) and any(v.dtype == torch.bfloat16 for v in after)
