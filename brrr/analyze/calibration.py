@@ -6,6 +6,9 @@ uncalibrated prediction) in a table per device and remedy kind, kept in the ceil
 (`~/.cache/brrr`, `$BRRR_CACHE_DIR`) as `calibration-<device>.json`, the latest MAX_SAMPLES ratios per kind.
 A later prediction of that kind is multiplied by the median ratio, and its advice message says so; the
 uncalibrated figures stay in the item (`predicted_step_uncalibrated_s`, `predicted_saving_uncalibrated_s`).
+For a kind this machine has not measured, the ratios that analyze --verify measured over the sweep on the same
+GPU model are used (`calibration_prior.json`, written by benchmarks/sweep/analyze_sweep.py --prior); they are
+never copied into the machine's own table.
 """
 
 import json
@@ -13,27 +16,59 @@ import os
 import re
 import statistics
 
+from pathlib import Path
+
 from brrr.cost.device import cache_dir
 
 MAX_SAMPLES = 20   # ratios kept per kind: the latest, so a changed brrr or driver is forgotten soon enough
+# measured / predicted per device and kind, from analyze --verify over the sweep (benchmarks/sweep/analyze_sweep.py
+# --prior): what a first analysis on a known GPU is corrected by
+PRIOR = Path(__file__).with_name("calibration_prior.json")
+
+
+def device_slug(device):
+    """'NVIDIA H200' -> 'nvidia-h200'."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
 
 
 def calibration_path(device):
     """The table's file for a device name (Ceilings.device)."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
-    return cache_dir() / f"calibration-{slug}.json"
+    return cache_dir() / f"calibration-{device_slug(device)}.json"
+
+
+def _ratios(table):
+    return {kind: [float(r) for r in ratios if isinstance(r, (int, float)) and r > 0]
+            for kind, ratios in table.items() if isinstance(ratios, list)}
+
+
+def prior_table(device):
+    """{kind: [measured / predicted, ...]} the sweep measured on this device (PRIOR), or empty."""
+    try:
+        table = json.loads(PRIOR.read_text()).get(device_slug(device), {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return _ratios(table) if isinstance(table, dict) else {}
 
 
 def load_table(device):
-    """{kind: [measured / predicted, ...]} for `device`; empty when there is none or it is unreadable."""
+    """{kind: [measured / predicted, ...]} for `device`: this machine's own measurements, and for a kind it has
+    not measured, the sweep's (PRIOR); empty when there are neither."""
+    table = prior_table(device)
     try:
-        table = json.loads(calibration_path(device).read_text())
+        own = json.loads(calibration_path(device).read_text())
+    except (OSError, ValueError):
+        return table
+    if isinstance(own, dict) and isinstance(own.get("ratios"), dict):
+        table.update({kind: ratios for kind, ratios in _ratios(own["ratios"]).items() if ratios})
+    return table
+
+
+def _own_table(device):
+    try:
+        own = json.loads(calibration_path(device).read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(table, dict):
-        return {}
-    return {kind: [float(r) for r in ratios if isinstance(r, (int, float)) and r > 0]
-            for kind, ratios in table.get("ratios", {}).items() if isinstance(ratios, list)}
+    return _ratios(own.get("ratios", {})) if isinstance(own, dict) and isinstance(own.get("ratios"), dict) else {}
 
 
 def record_ratios(device, ratios):
@@ -41,7 +76,7 @@ def record_ratios(device, ratios):
     atomically (another process may be reading it)."""
     if not ratios:
         return
-    table = load_table(device)
+    table = _own_table(device)   # the sweep's prior is read beside it, never copied into it
     for kind, ratio in ratios.items():
         if ratio > 0:
             table[kind] = (table.get(kind, []) + [float(ratio)])[-MAX_SAMPLES:]
