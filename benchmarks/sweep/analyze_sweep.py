@@ -17,7 +17,8 @@ remedy kind, the median and 90th percentile of |prediction error| two ways:
 It also checks, per configuration, that the advice equals the ranking of measured gains. With `--prior`, the
 measured / predicted ratios are written into brrr's shipped calibration (brrr/analyze/calibration_prior.json,
 per device), which `brrr analyze` uses for a kind its own table has not measured. `--previous` merges an
-earlier results file (a sweep spread over sessions); a configuration measured again replaces its row.
+earlier results file (a sweep spread over sessions): the configurations it measured are not run again unless named
+in --configs, where the new row replaces the old.
 Writes <date>-<gpu>-<commit>-analyze-sweep.json and .md under --out (default
 benchmarks/results/sweep-analyze/).
 """
@@ -258,7 +259,11 @@ def main(argv=None):
     from result_files import RESULTS, git_commit, result_stem, utc_date
     from run_zoo import cpu_shares, worker_env
 
+    previous = json.loads(Path(args.previous).read_text())["rows"] if args.previous else []
+    done = {r["config"] for r in previous if "error" not in r}   # measured before: not run again unless named
     configs = pick(catalog.all_configs(), args.per_family, args.configs.split(",") if args.configs else None)
+    if not args.configs:
+        configs = [c for c in configs if c.name not in done]
     gpus = max(1, min(args.gpus, len(configs)))
     shares = [configs[i::gpus] for i in range(gpus)]
     cpus = cpu_shares(gpus) if args.device == "cuda" else [None] * gpus
@@ -269,7 +274,6 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     stem = result_stem(out, device, commit=environment["commit"])
     stem = stem.with_name(stem.name + "-analyze-sweep")
-    previous = json.loads(Path(args.previous).read_text())["rows"] if args.previous else []
     rows, lock, started = [], threading.Lock(), time.perf_counter()
 
     def save():

@@ -253,13 +253,14 @@ SEQ2SEQ_BASE = dict(d_model=768, encoder_layers=6, decoder_layers=6, encoder_att
 # (architecture, model class, kind, sizes over the config's defaults); kind picks the inputs and the loss
 TRANSFORMERS = (
     ("bert", "BertForMaskedLM", "masked", {}),
-    ("roberta", "RobertaForMaskedLM", "masked", {}),
+    # RoBERTa-style positions start after the padding index: the published checkpoints' 514 positions hold 512 tokens
+    ("roberta", "RobertaForMaskedLM", "masked", dict(max_position_embeddings=514)),
     ("distilbert", "DistilBertForMaskedLM", "masked", {}),
     ("albert", "AlbertForMaskedLM", "masked", dict(BASE, embedding_size=128)),
     ("electra", "ElectraForMaskedLM", "masked", {}),
     ("deberta-v2", "DebertaV2ForMaskedLM", "masked", dict(BASE)),
     ("mpnet", "MPNetForMaskedLM", "masked", {}),
-    ("xlm-roberta", "XLMRobertaForMaskedLM", "masked", {}),
+    ("xlm-roberta", "XLMRobertaForMaskedLM", "masked", dict(max_position_embeddings=514)),
     ("gpt2", "GPT2LMHeadModel", "causal", {}),
     ("gpt-neo", "GPTNeoForCausalLM", "causal", dict(hidden_size=768, num_layers=12, num_heads=12,
                                                   attention_types=[[["global", "local"], 6]])),
