@@ -14,9 +14,10 @@ remedy kind, the median and 90th percentile of |prediction error| two ways:
   of the *other* configurations of that kind (what a table learnt from the sweep predicts for a model it has not
   seen). The issue's acceptance reads these: median at most 25%, 90th percentile at most 60%.
 
-It also checks, per configuration, that the advice equals the ranking of measured gains. With `--prior`, the
-measured / predicted ratios are written into brrr's shipped calibration (brrr/analyze/calibration_prior.json,
-per device), which `brrr analyze` uses for a kind its own table has not measured. `--previous` merges an
+It also checks, per configuration, that the advice equals the ranking of measured gains. With `--prior` (or
+`--prior-from FILE`, from a results file, running nothing), the measured / predicted ratios are written into
+brrr's shipped calibration (brrr/analyze/calibration_prior.json, per device; `--prior-skip` leaves out kinds whose
+prediction changed since), which `brrr analyze` uses for a kind its own table has not measured. `--previous` merges an
 earlier results file (a sweep spread over sessions): the configurations it measured are not run again unless named
 in --configs, where the new row replaces the old.
 Writes <date>-<gpu>-<commit>-analyze-sweep.json and .md under --out (default
@@ -204,15 +205,24 @@ def markdown(result):
     return "\n".join(lines) + "\n"
 
 
-def write_prior(result, path):
-    """Add this sweep's measured / predicted ratios, per remedy kind, to the shipped calibration for its
-    device (calibration.py reads it where the user's own table has not measured a kind)."""
+PRIOR = Path(__file__).resolve().parents[2] / "brrr" / "analyze" / "calibration_prior.json"
+
+
+def write_prior(result, path=PRIOR, skip=()):
+    """Set the shipped calibration for this sweep's device (calibration.py reads it where the user's own table
+    has not measured a kind) to its measured / predicted ratios per remedy kind, but for the kinds in `skip` (a
+    prediction changed since the measurement)."""
     from brrr.analyze import calibration
 
     prior = json.loads(path.read_text()) if path.exists() else {}
     device = calibration.device_slug(result["environment"]["device"])
-    prior[device] = {kind: [round(r, 4) for r in v["ratios"]] for kind, v in result["summary"]["kinds"].items()}
-    path.write_text(json.dumps(prior, indent=1, sort_keys=True) + "\n")
+    prior[device] = {kind: [round(r, 4) for r in v["ratios"]] for kind, v in result["summary"]["kinds"].items()
+                     if kind not in skip}
+    lines = ["{"]
+    for i, (name, kinds) in enumerate(sorted(prior.items())):   # one line per kind's ratios
+        rows = [f'  "{kind}": {json.dumps(ratios)}' for kind, ratios in sorted(kinds.items())]
+        lines += [f' "{name}": {{', ",\n".join(rows), " }" + ("," if i < len(prior) - 1 else "")]
+    path.write_text("\n".join(lines + ["}"]) + "\n")
 
 
 # ------------------------------------------------------------------------------------------------ the parent
@@ -243,6 +253,8 @@ def main(argv=None):
     p.add_argument("--timeout-s", type=float, default=300.0, help="per configuration")
     p.add_argument("--previous", help="an earlier results JSON to merge")
     p.add_argument("--prior", action="store_true", help="write the ratios into brrr's shipped calibration")
+    p.add_argument("--prior-from", help="write the shipped calibration from this results JSON, and run nothing")
+    p.add_argument("--prior-skip", default="", help="remedy kinds left out of the shipped calibration")
     p.add_argument("--out", help="results directory (default benchmarks/results/sweep-analyze)")
     p.add_argument("--commit", help="the commit measured (default: git rev-parse --short HEAD)")
     p.add_argument("--device", default="cuda")
@@ -251,6 +263,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.child:
         return child(args.child, args.device, args.quick, set(args.remedies.split(",")) if args.remedies else None)
+    skip = set(filter(None, args.prior_skip.split(",")))
+    if args.prior_from:
+        result = json.loads(Path(args.prior_from).read_text())
+        write_prior(dict(result, summary=summary(result["rows"])), skip=skip)
+        return 0
     sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "zoo")]
     import torch
     import triton
@@ -305,7 +322,7 @@ def main(argv=None):
         t.join()
     result = save()
     if args.prior:
-        write_prior(result, Path(__file__).resolve().parents[2] / "brrr" / "analyze" / "calibration_prior.json")
+        write_prior(result, skip=skip)
     print(markdown(result))
     print(f"wrote {stem}.json and .md")
     return 0

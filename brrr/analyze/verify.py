@@ -108,12 +108,19 @@ class BrrrCompile(Remedy):
     def prepare(self, model, inputs, target):
         from brrr.compile.backend import compile as brrr_compile
 
-        calls = WARMUP_CALLS
-        if self.cuda_graphs == "auto" and target.device.type == "cuda":
-            from brrr.compile.runtime.replay_choice import TRIAL_CALLS
+        return Prepared(brrr_compile(model, cuda_graphs=self.cuda_graphs), inputs,
+                        warmup_calls=WARMUP_CALLS + self.deciding_calls(target))
 
-            calls += TRIAL_CALLS  # "auto" times launches against replays over its first calls
-        return Prepared(brrr_compile(model, cuda_graphs=self.cuda_graphs), inputs, warmup_calls=calls)
+    def deciding_calls(self, target):
+        """Calls a compiled graph spends deciding how to run (none timed as the step): on a GPU, each graph is
+        timed against itself as Dynamo captured it (captured_choice.py), and that trial's compiled stretch holds
+        the launch-or-replay trial of "auto" (replay_choice.py); one more call takes the last verdict."""
+        from brrr.compile.runtime import captured_choice
+        from brrr.compile.runtime.replay_choice import TRIAL_CALLS
+
+        if captured_choice.enabled({target.device.type}):
+            return captured_choice.TRIAL_LENGTH + 1
+        return TRIAL_CALLS if self.cuda_graphs == "auto" and target.device.type == "cuda" else 0
 
 
 class InductorCompile(Remedy):

@@ -276,3 +276,47 @@ def test_a_gain_with_no_prediction_is_advised_as_measured(fresh_mlp_analysis, ml
     out = io.StringIO()
     analysis.print(Console(file=out, width=120), top=3)
     assert "measured (no prediction)" in out.getvalue().split("Advice")[-1]
+
+
+def test_brrr_is_timed_only_after_every_graph_has_decided_how_to_run(monkeypatch):
+    """Where each compiled graph is timed against itself as Dynamo captured it (captured_choice.py; a test-double
+    clock turns the trial on here), the compile remedy's warm-up outlasts that trial: no timed call of the step
+    falls inside it."""
+    from brrr.analyze.verify import BrrrCompile, Target, measure
+    from brrr.compile.runtime import captured_choice
+
+    class Clock:
+        t = 0.0
+
+        def now(self):
+            self.t += 1.0
+            return self.t
+
+        def sync(self):
+            pass
+    monkeypatch.setattr(captured_choice, "CLOCK", Clock())
+    monkeypatch.setattr(captured_choice, "DECISIONS", [])
+    calls, decided_at = [0], []
+    call, decide = captured_choice.CompiledOrCaptured.__call__, captured_choice.CompiledOrCaptured._decide
+
+    def counted(self, *args):
+        calls[0] += 1
+        return call(self, *args)
+
+    def noted(self, *args):
+        decided_at.append(calls[0])
+        return decide(self, *args)
+    monkeypatch.setattr(captured_choice.CompiledOrCaptured, "__call__", counted)
+    monkeypatch.setattr(captured_choice.CompiledOrCaptured, "_decide", noted)
+
+    torch._dynamo.reset()
+    target = Target(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()), (torch.randn(4, 8),), False,
+                    torch.device("cpu"))
+    remedy = BrrrCompile()
+    assert remedy.deciding_calls(target) == captured_choice.TRIAL_LENGTH + 1
+    prepared = remedy.prepare(target.model, target.inputs, target)
+    seconds, _ = measure(prepared, False, target.device, runs=3)
+    assert seconds > 0 and calls[0] == prepared.warmup_calls + 3
+    assert decided_at == [captured_choice.TRIAL_LENGTH + 1] and decided_at[0] <= prepared.warmup_calls
+    monkeypatch.setattr(captured_choice, "CLOCK", None)
+    assert remedy.deciding_calls(target) == 0   # no trial on the CPU: nothing to wait for
