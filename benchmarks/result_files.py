@@ -56,6 +56,17 @@ def utc_date():
     return datetime.now(timezone.utc).strftime("%Y-%m-%d")
 
 
+def run_environment(device_type, gpus, commit=None):
+    """What a run records of where it ran: the device's name ("cpu" off CUDA), torch's and Triton's versions, the
+    commit measured (`commit`, else this checkout's), the UTC date and the GPUs it spread over."""
+    import torch
+    import triton
+
+    device = torch.cuda.get_device_name() if device_type == "cuda" else "cpu"
+    return {"device": device, "torch": torch.__version__, "triton": triton.__version__,
+            "commit": commit or git_commit(), "date": utc_date(), "gpus": gpus}
+
+
 def result_stem(out_dir, device_name, commit=None, date=None):
     """`out_dir/<date>-<gpu>-<commit>` (a Path without extension); a run's files add `-<what>` and their
     extension to it. The directory is created."""

@@ -270,21 +270,17 @@ def main():
     import json
 
     sys.path[:0] = [str(HERE.parent), str(HERE.parent / "zoo")]
-    from result_files import RESULTS, git_commit, result_stem, utc_date
+    from result_files import RESULTS, result_stem, run_environment
     from run_zoo import cpu_shares
 
     import threading
-
-    import torch
-    import triton
 
     configs = [c for c in args.configs.split(",") if c]
     gpus = max(1, min(args.gpus, len(configs)))
     shares = [configs[i::gpus] for i in range(gpus)]
     cpus = cpu_shares(gpus)
-    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    environment = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
-                   "commit": args.commit or git_commit(), "date": utc_date(), "gpus": gpus}
+    environment = run_environment(args.device, gpus, args.commit)
+    device = environment["device"]
     out = Path(args.out or RESULTS / "acceptance-compile-time")
     out.mkdir(parents=True, exist_ok=True)
     stem = result_stem(out, device, commit=environment["commit"])

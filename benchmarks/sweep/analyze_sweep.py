@@ -269,11 +269,8 @@ def main(argv=None):
         write_prior(dict(result, summary=summary(result["rows"])), skip=skip)
         return 0
     sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "zoo")]
-    import torch
-    import triton
-
     import catalog
-    from result_files import RESULTS, git_commit, result_stem, utc_date
+    from result_files import RESULTS, result_stem, run_environment
     from run_zoo import cpu_shares, worker_env
 
     previous = json.loads(Path(args.previous).read_text())["rows"] if args.previous else []
@@ -284,9 +281,8 @@ def main(argv=None):
     gpus = max(1, min(args.gpus, len(configs)))
     shares = [configs[i::gpus] for i in range(gpus)]
     cpus = cpu_shares(gpus) if args.device == "cuda" else [None] * gpus
-    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    environment = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
-                   "commit": args.commit or git_commit(), "date": utc_date(), "gpus": gpus}
+    environment = run_environment(args.device, gpus, args.commit)
+    device = environment["device"]
     out = Path(args.out or RESULTS / "sweep-analyze")
     out.mkdir(parents=True, exist_ok=True)
     stem = result_stem(out, device, commit=environment["commit"])
