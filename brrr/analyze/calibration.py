@@ -15,7 +15,6 @@ import json
 import os
 import re
 import statistics
-
 from pathlib import Path
 
 from brrr.cost.device import cache_dir
@@ -50,25 +49,22 @@ def prior_table(device):
     return _ratios(table) if isinstance(table, dict) else {}
 
 
-def load_table(device):
-    """{kind: [measured / predicted, ...]} for `device`: this machine's own measurements, and for a kind it has
-    not measured, the sweep's (PRIOR); empty when there are neither."""
-    table = prior_table(device)
-    try:
-        own = json.loads(calibration_path(device).read_text())
-    except (OSError, ValueError):
-        return table
-    if isinstance(own, dict) and isinstance(own.get("ratios"), dict):
-        table.update({kind: ratios for kind, ratios in _ratios(own["ratios"]).items() if ratios})
-    return table
-
-
-def _own_table(device):
+def own_table(device):
+    """{kind: [measured / predicted, ...]} this machine measured on `device`; empty when there is none or it is
+    unreadable."""
     try:
         own = json.loads(calibration_path(device).read_text())
     except (OSError, ValueError):
         return {}
-    return _ratios(own.get("ratios", {})) if isinstance(own, dict) and isinstance(own.get("ratios"), dict) else {}
+    return _ratios(own["ratios"]) if isinstance(own, dict) and isinstance(own.get("ratios"), dict) else {}
+
+
+def load_table(device):
+    """{kind: [measured / predicted, ...]} for `device`: this machine's own measurements, and for a kind it has
+    not measured, the sweep's (PRIOR); empty when there are neither."""
+    table = prior_table(device)
+    table.update({kind: ratios for kind, ratios in own_table(device).items() if ratios})
+    return table
 
 
 def record_ratios(device, ratios):
@@ -76,7 +72,7 @@ def record_ratios(device, ratios):
     atomically (another process may be reading it)."""
     if not ratios:
         return
-    table = _own_table(device)   # the sweep's prior is read beside it, never copied into it
+    table = own_table(device)   # the sweep's prior is read beside it, never copied into it
     for kind, ratio in ratios.items():
         if ratio > 0:
             table[kind] = (table.get(kind, []) + [float(ratio)])[-MAX_SAMPLES:]
