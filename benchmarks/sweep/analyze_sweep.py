@@ -161,6 +161,13 @@ def advice_follows_measurements(row):
     return first == measured
 
 
+def slower_than_eager(row, kinds=("compile", "cuda-graphs"), slack=1.03):
+    """{kind: measured / eager} for brrr's remedies that measured more than `slack` times the step as analyzed
+    (issue 41's floor: brrr is never to be slower than eager)."""
+    return {r["kind"]: r["measured_s"] / row["baseline_s"] for r in row.get("remedies", [])
+            if r["kind"] in kinds and r.get("measured_s") and r["measured_s"] > slack * row["baseline_s"]}
+
+
 def summary(rows):
     ok = [r for r in rows if "error" not in r]
     kinds = errors_by_kind(ok)
@@ -168,7 +175,8 @@ def summary(rows):
                    v["calibrated"]["p90"] <= MAX_P90_ERROR) for k, v in kinds.items()}
     return {"configs": len(ok), "failed": [r["config"] for r in rows if "error" in r],
             "families": sorted({r["family"] for r in ok}), "kinds": kinds, "kind_passes": passing,
-            "advice_follows_measurements": {r["config"]: advice_follows_measurements(r) for r in ok}}
+            "advice_follows_measurements": {r["config"]: advice_follows_measurements(r) for r in ok},
+            "slower_than_eager": {r["config"]: slow for r in ok if (slow := slower_than_eager(r))}}
 
 
 def markdown(result):
@@ -187,6 +195,9 @@ def markdown(result):
     follows = s["advice_follows_measurements"]
     lines += ["", f"- advice equals the ranking of measured gains: {sum(follows.values())} of {len(follows)}"
               + ("" if all(follows.values()) else f" (not: {', '.join(k for k, v in follows.items() if not v)})"),
+              "- brrr slower than eager (over 3%): " + (", ".join(
+                  f"{c} ({', '.join(f'{k} {v:.2f}x' for k, v in slow.items())})"
+                  for c, slow in s["slower_than_eager"].items()) or "none"),
               "", "| configuration | family | train | baseline ms | " + " | ".join(
                   f"{k} pred/meas ms" for k in sorted(s["kinds"])) + " |",
               "|---|---|---|---|" + "---|" * len(s["kinds"])]

@@ -38,6 +38,10 @@ def test_errors_are_given_uncalibrated_and_calibrated_from_the_other_configurati
     assert sweep.percentile([0.0, 0.0, 0.0, 0.0, 1 / 3], 0.9) == pytest.approx(0.6 * (1 / 3))
     s = sweep.summary(rows)
     assert s["configs"] == 5 and s["kind_passes"]["compile"]
+    assert s["slower_than_eager"] == {}   # every measurement under the 1 s baseline
+    rows.append(_row("slow", [("compile", 0.5, 1.2, "loss"), ("cuda-graphs", 0.5, 1.01, "loss")]))
+    assert sweep.summary(rows)["slower_than_eager"] == {"slow": {"compile": pytest.approx(1.2)}}   # 1% is noise
+    rows.pop()
     rows.append(_row("worse", [("compile", 0.1, 0.9, "gain")]))
     rows.append(_row("worst", [("compile", 0.05, 0.9, "gain")]))
     assert not sweep.summary(rows)["kind_passes"]["compile"]   # its 90th percentile passes 60%
