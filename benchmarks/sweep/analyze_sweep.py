@@ -112,6 +112,7 @@ def child(name, device_name, quick, remedy_kinds):
            "graphs": None if structure is None else {"graphs": structure.graphs, "breaks": structure.breaks,
                                                      "guards": structure.guards},
            "baseline_s": analysis.verify["baseline_s"], "remedies": analysis.verify["remedies"],
+           "predictions": {kind: p.to_dict() for kind, p in analysis.predictions.items()},
            "advice": [{k: a.get(k) for k in ("kind", "basis", "measured_saving_s", "predicted_saving_s")}
                       for a in analysis.advice]}
     print("RESULT " + json.dumps(json_safe(row)), flush=True)

@@ -61,13 +61,15 @@ class Prediction:
     how: str          # what the figure is built from, in one line
     wall_share: float = 0.0   # d(step_s) / d(wall time): 1 for "the step as analyzed, less a saving", 0 for a
                               # figure built from device time and launches alone
+    parts: tuple = ()         # (name, number) pairs the figure is built from: what the sweep fits constants on
 
     def at_wall(self, analyzed_wall_s, wall_s):
         """The prediction had the step as analyzed taken `wall_s` instead of `analyzed_wall_s`."""
         return max(self.step_s + self.wall_share * (wall_s - analyzed_wall_s), 0.0)
 
     def to_dict(self):
-        return {"kind": self.kind, "step_s": self.step_s, "how": self.how, "wall_share": self.wall_share}
+        return {"kind": self.kind, "step_s": self.step_s, "how": self.how, "wall_share": self.wall_share,
+                "parts": dict(self.parts)}
 
 
 def launches_kernel(record):
@@ -143,9 +145,12 @@ def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=Fals
     inductor_host = host
     if ceilings.kind == "cuda":   # Inductor's wrapper, not the bare launch, paces its launches
         inductor_host += launches * max(INDUCTOR_KERNEL_S - ceilings.launch_latency, 0.0)
+    parts = (("device_s", device), ("launches", launches), ("launch_latency_s", ceilings.launch_latency),
+             ("graph_calls", graphs), ("graph_call_s", call_s))
     preds = {
         "inductor": Prediction("inductor", max(device, inductor_host),
-                               f"{fused}, launched from Inductor's wrapper ({inductor_host * 1e3:.3g} ms on the host)"),
+                               f"{fused}, launched from Inductor's wrapper ({inductor_host * 1e3:.3g} ms on the host)",
+                               parts=parts + (("host_s", inductor_host),)),
     }
     if ceilings.kind == "cuda":
         # a graph holding an op no CUDA graph can capture launches its kernels: its share of the launches stays
@@ -157,12 +162,15 @@ def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=Fals
         if blocked:
             how += (f"; {blocked} of {graphs} graph calls cannot be captured ({blockers[0][0]} "
                     f"{blockers[0][1]}) and launch")
-        preds["cuda-graphs"] = Prediction("cuda-graphs", replayed, how)
+        preds["cuda-graphs"] = Prediction("cuda-graphs", replayed, how,
+                                          parts=parts + (("uncapturable_graph_calls", blocked),))
         best = min(launched, replayed)
         preds["compile"] = Prediction("compile", best, f"{fused}, launched ({launched * 1e3:.3g} ms) or replayed "
-                                                       f"({replayed * 1e3:.3g} ms), whichever is faster")
+                                                       f"({replayed * 1e3:.3g} ms), whichever is faster",
+                                      parts=parts + (("host_s", host), ("replayed_s", replayed)))
     else:
-        preds["compile"] = Prediction("compile", launched, f"{fused}, launched from the host ({host * 1e3:.3g} ms)")
+        preds["compile"] = Prediction("compile", launched, f"{fused}, launched from the host ({host * 1e3:.3g} ms)",
+                                      parts=parts + (("host_s", host),))
     for key in ("tf32", "bf16") if ceilings.kind == "cuda" else ("bf16",):
         priced = precision_seconds(records, ceilings, key, tf32_enabled)
         if priced is not None:

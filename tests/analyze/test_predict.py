@@ -95,6 +95,13 @@ def test_inductor_s_launches_are_paced_by_its_wrapper_on_a_gpu_and_brrr_s_by_the
     assert preds["compile"].step_s < preds["inductor"].step_s
     assert preds["inductor"].step_s == pytest.approx(100 * INDUCTOR_KERNEL_S + COMPILED_CALL_S)
     assert "Inductor's wrapper" in preds["inductor"].how
+    # what each figure is built from travels with it (the sweep fits the constants on these)
+    parts = preds["inductor"].to_dict()["parts"]
+    assert parts["launches"] == 100 and parts["graph_calls"] == 1 and parts["graph_call_s"] == COMPILED_CALL_S
+    assert parts["host_s"] == pytest.approx(preds["inductor"].step_s)
+    compile_parts = preds["compile"].to_dict()["parts"]
+    assert min(max(compile_parts["device_s"], compile_parts["host_s"]), compile_parts["replayed_s"]) == \
+        pytest.approx(preds["compile"].step_s)
     cpu = predict_steps(records, make_ceilings(kind="cpu", launch_latency=5e-6), split, 3.1e-3, 1e-4)
     assert cpu["inductor"].step_s == pytest.approx(100 * 5e-6 + COMPILED_CALL_S) == cpu["compile"].step_s
 
