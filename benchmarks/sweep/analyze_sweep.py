@@ -35,6 +35,8 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+
 HERE = Path(__file__).resolve().parent
 MAX_MEDIAN_ERROR, MAX_P90_ERROR = 0.25, 0.60
 
@@ -69,28 +71,21 @@ def pick(configs, per_family, names=None):
 
 # ------------------------------------------------------------------------------------------------ one process
 
-class _Autocast:
-    """The model's forward under bf16 autocast (the sweep's amp precision); everything else is the model's."""
+class Amp(torch.nn.Module):
+    """`model`'s forward under bf16 autocast: the sweep's amp precision."""
 
-    def __new__(cls, model, device_type):
-        import torch
+    def __init__(self, model, device_type):
+        super().__init__()
+        self.inner, self.device_type = model, device_type
 
-        class Amp(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.inner = model
-
-            def forward(self, *args, **kwargs):
-                with torch.autocast(device_type, dtype=torch.bfloat16):
-                    return self.inner(*args, **kwargs)
-        return Amp()
+    def forward(self, *args, **kwargs):
+        with torch.autocast(self.device_type, dtype=torch.bfloat16):
+            return self.inner(*args, **kwargs)
 
 
 def child(name, device_name, quick, remedy_kinds):
     """Analyze and verify configuration `name`; print its row as one RESULT line of JSON."""
     sys.path[:0] = [str(HERE), str(HERE.parent)]
-    import torch
-
     import catalog
     from brrr.analyze import analyze
     from brrr.analyze import verify as verify_mod
@@ -99,7 +94,7 @@ def child(name, device_name, quick, remedy_kinds):
     config = next(c for c in catalog.all_configs() if c.name == name)
     device = torch.device(device_name)
     work = config.build(device, quick)
-    model = _Autocast(work.model, device.type) if config.precision == "amp" else work.model
+    model = Amp(work.model, device.type) if config.precision == "amp" else work.model
     remedies = [r for r in verify_mod.REMEDIES if not remedy_kinds or r.kind in remedy_kinds]
     start = time.perf_counter()
     analysis = analyze(model, *work.inputs, train=work.train, calibrate=False)

@@ -97,12 +97,10 @@ def _pickler():
     class _LightPickler(GraphPickler):
         def reducer_override(self, obj):
             if isinstance(obj, FakeTensor) and _plain(obj):
-                storages = self.__dict__.setdefault("brrr_storages", {})
-                cdata = obj.untyped_storage()._cdata
-                sid = storages.setdefault(cdata, len(storages))
+                storages, storage = self.__dict__.setdefault("brrr_storages", {}), obj.untyped_storage()
+                sid = storages.setdefault(storage._cdata, len(storages))
                 return _light_fake, (self._unpickle_state, tuple(obj.shape), obj.stride(), obj.storage_offset(),
-                                     obj.dtype, str(obj.device), obj.requires_grad, sid,
-                                     obj.untyped_storage().nbytes())
+                                     obj.dtype, str(obj.device), obj.requires_grad, sid, storage.nbytes())
             return super().reducer_override(obj)
 
     return _LightPickler, Options(ops_filter=None)   # brrr's own ops (the fused loss) are kept too
