@@ -8,6 +8,7 @@ The pipeline, one module per stage:
     kernels.py   kernels compiled code launched outside the ops, priced from brrr's kernel registry
     regimes.py   roofline floor and regime per op / module / run; the op-class table
     graphs.py    the graphs, breaks and guards Dynamo cuts the step into (priced per graph call by predict.py)
+    precision.py the step in bf16 autocast and TF32: the ops each mode runs, its contractions timed in it
     predict.py   one predicted step time per remedy brrr can apply (compile, CUDA graphs, TF32, ...)
     advise.py    fusion, overhead and precision advice, each with a predicted saving
     calibration.py  per device and remedy kind, how far off predictions were: the correction applied
@@ -27,6 +28,7 @@ from brrr.callable_package import make_callable
 from brrr.analyze.capture import OpRecord, gc_paused, record_step, step_range, trace_names
 from brrr.analyze.graphs import graph_structure
 from brrr.analyze.kernels import kernel_records
+from brrr.analyze.precision import measure_modes
 from brrr.analyze.replay import expected_ops, match_ops, model_state, span_seconds
 from brrr.analyze.step import KnownStep, KnownSteps, Step, resolve_device
 from brrr.analyze.timing import (CudaTimes, attribute_kernels, cpu_times, cuda_op_times, device_busy_time,
@@ -35,7 +37,7 @@ from brrr.analyze.timing import (CudaTimes, attribute_kernels, cpu_times, cuda_o
 
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
-STAGES = ("ceilings", "capture", "profile", "wall time", "classify")
+STAGES = ("ceilings", "capture", "profile", "wall time", "precision modes", "classify")
 WALL_RUNS = 2  # plain steps timed for the wall time (the faster): the warm-up step and one more, unless the
                # first comes within timing.WARM_TOLERANCE of this step's last plain step in an earlier analysis
 KNOWN_STEPS = KnownSteps()  # what earlier analyses in this process learned: last wall time, trace
@@ -190,6 +192,10 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         else:
             busy = statistics.median(busys)
 
+        stage("precision modes")
+        # bf16 and TF32 priced from the ops they run, their contractions timed in the mode (precision.py)
+        modes = measure_modes(step, records, trace.raw, device, _tf32_enabled(device))
+
         stage("classify")
         # a host-bound step pays per compiled graph: count the graphs Dynamo would cut it into (graphs.py).
         # Counted on every step, not only on those measured host-bound: a decision on noisy times would differ
@@ -198,7 +204,8 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         with gc_paused():  # thousands of small objects per analysis: no collection in the middle of them
             analysis = Analysis.from_measurements(records, ceilings, wall, busy, train=train,
                                                   tf32_enabled=_tf32_enabled(device),
-                                                  timeline=_record_timeline(timeline, ops), structure=structure)
+                                                  timeline=_record_timeline(timeline, ops), structure=structure,
+                                                  modes=modes)
     table = calibration.load_table(analysis.device) if calibrate else {}
     calibration.calibrate_advice(analysis.advice, table, analysis.wall_time_s)
     if verify:  # after the stage bar: rich shows one live display at a time

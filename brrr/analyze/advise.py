@@ -225,15 +225,22 @@ def precision_seconds(records, ceilings, key, tf32_enabled=None):
     return sum(r.time_s for r in fp32_ops), new_time, len(fp32_ops)
 
 
-def precision_advice(records, ceilings, tf32_enabled=None):
+def precision_advice(records, ceilings, tf32_enabled=None, predictions=None, wall_time_s=None):
     """tf32 / bf16 advice for fp32 contractions (precision_seconds), where the mode's measured rate is
-    FASTER_MODE_MARGIN above the current one. On CPU only bf16 is considered (AMX and AVX512-BF16 machines)."""
+    FASTER_MODE_MARGIN above the current one. On CPU only bf16 is considered (AMX and AVX512-BF16 machines).
+    Where `predictions` priced the mode from the ops it runs (precision.py), the advice quotes that figure."""
     current_key, current_rate = _current_mode(ceilings, tf32_enabled)
     items = []
     for key, (_, how) in PRECISION_MODES.items():
         priced = precision_seconds(records, ceilings, key, tf32_enabled)
         rate = ceilings.matmul.get(key) or 0.0
         if priced is None or rate < FASTER_MODE_MARGIN * current_rate:
+            continue
+        prediction = (predictions or {}).get(key)
+        if prediction is not None and dict(prediction.parts).get("timed_calls") is not None \
+                and wall_time_s is not None:
+            if prediction.step_s < wall_time_s:   # predicted slower (a host-bound step pays autocast's casts)
+                items.append(advice_item(key, f"{how}: {prediction.how}", wall_time_s - prediction.step_s))
             continue
         fp32_time, new_time, count = priced
         items.append(advice_item(
@@ -251,7 +258,7 @@ def advise(records, ceilings, split, wall_time_s, busy_time_s, tf32_enabled=None
     and measure (predict.REMEDY_KINDS) also carries `predicted_step_s`: the step time it predicts."""
     groups = fusion_groups(records)
     fusion = fusion_advice(records, ceilings, groups)
-    items = fusion + precision_advice(records, ceilings, tf32_enabled)
+    items = fusion + precision_advice(records, ceilings, tf32_enabled, predictions, wall_time_s)
     items += overhead_advice(records, split, wall_time_s, busy_time_s, ceilings.kind, fusion, groups, predictions)
     for item in items:
         if item["kind"] in STEP_KINDS:

@@ -34,14 +34,14 @@ class Analysis:
 
     @classmethod
     def from_measurements(cls, records, ceilings, wall_time_s, busy_time_s=None, train=False, tf32_enabled=None,
-                          timeline=None, structure=None):
+                          timeline=None, structure=None, modes=None):
         """Classify measured records and advise; `records` get their roofline floor and regime filled in."""
         regimes_mod.place_ops(records, ceilings)
         if busy_time_s is None:
             busy_time_s = sum(r.time_s for r in records)
         split = regimes_mod.run_split(records, wall_time_s, busy_time_s)
         predictions = predict_mod.predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train, tf32_enabled,
-                                                structure)
+                                                structure, modes, timeline)
         advice = advise_mod.advise(records, ceilings, split, wall_time_s, busy_time_s, tf32_enabled, predictions)
         return cls(
             device=ceilings.device, kind=ceilings.kind, train=train, ops=records, ceilings=ceilings,

@@ -12,6 +12,8 @@ figures; advise.py quotes the same figures, so advice and its verification agree
   FUSED_BANDWIDTH_FRACTION of the copy bandwidth, and takes no less than the step's shortest kernel and no
   more than its ops did. That is the device time; op times are scaled to the plain step's busy time first (as
   regimes.run_split does). The host launches each kernel at the measured launch latency, views cost nothing,
+  an ATen call the compiler keeps costs what its profiler range took beyond the step's median call
+  (`kept_host_seconds`: a cuDNN RNN planning on every call),
   and each compiled graph call pays COMPILED_CALL_S (AOTAutograd's wrapper) and GUARD_S per guard it checks,
   for every graph Dynamo cuts the step into (graphs.py counts them; where it could not, one), forward and
   backward in training; the step takes the longer of the two. `brrr.compile`'s default replays a graph where
@@ -21,9 +23,10 @@ figures; advise.py quotes the same figures, so advice and its verification agree
 - "cuda-graphs" (`brrr.compile(model, cuda_graphs=True)`): the compiled device time plus one replay launch and
   the call's cost per graph call: no launch gaps. A graph holding an op no CUDA graph captures (`.item()`,
   nonzero, ctc_loss: runtime/host_copies.py), one per such op traced, launches its share of the kernels.
-- "tf32", "bf16" (`torch.autocast`): the fp32 matmul-family ops that are not launch-bound (for TF32 only the
-  cuBLAS matmuls) scaled by the ratio of their roofline floors at the measured rates
-  (advise.precision_seconds); everything else unchanged.
+- "tf32", "bf16" (`torch.autocast`): the ops the mode runs (for bf16 with autocast's casts), their contractions
+  timed in the mode, host and device simulated in step order (precision.py). Where the mode could not be
+  measured: the fp32 matmul-family ops that are not launch-bound (for TF32 only the cuBLAS matmuls) scaled by
+  the ratio of their roofline floors at the measured rates (advise.precision_seconds); the rest unchanged.
 - "channels-last": each convolution at most its roofline floor over the best fraction of roof any
   contraction of the step reached (NCHW convolutions pay layout transposes inside cuDNN); the rest unchanged.
 - "batch" (the batch doubled): overhead is per step, not per sample, so twice the batch costs one more busy
@@ -36,6 +39,7 @@ kind from earlier measurements; the figures here are the uncalibrated ones.
 from dataclasses import dataclass
 
 from brrr.analyze.advise import FUSIBLE_CLASSES, fusion_bytes_saved, linked_groups, precision_seconds
+from brrr.analyze.precision import host_program, mode_step_seconds
 from brrr.compile.runtime import host_copies
 
 REMEDY_KINDS = ("compile", "cuda-graphs", "inductor", "bf16", "tf32", "channels-last", "batch")
@@ -98,10 +102,11 @@ def _time_scale(records, wall_time_s, busy_time_s):
     return busy / total if total > 0 else 0.0
 
 
-def compiled_program(records, ceilings, wall_time_s, busy_time_s):
-    """(device seconds, kernel launches) of the step as a fusing compiler would run it."""
+def compiled_program(records, ceilings, wall_time_s, busy_time_s, groups=None):
+    """(device seconds, kernel launches) of the step as a fusing compiler would run it (`groups`: its
+    compiler_groups, when known)."""
     scale = _time_scale(records, wall_time_s, busy_time_s)
-    groups = compiler_groups(records)
+    groups = compiler_groups(records) if groups is None else groups
     grouped = {r.index for g in groups for r in g}
     device = sum(r.time_s for r in records if r.index not in grouped) * scale
     launches = sum(1 for r in records if r.index not in grouped and launches_kernel(r)) + len(groups)
@@ -128,16 +133,39 @@ def _channels_last_seconds(records):
     return saved
 
 
+def kept_host_seconds(records, timeline, fused):
+    """Host seconds the ATen calls a compiler keeps (neither fused nor views) take beyond the step's median ATen
+    call, from their profiler ranges: a cuDNN RNN that builds its plan on every call, a wide reduction's setup.
+    Compiled code calls them as eager does, so that time stays; ops that wait for the device (.item(), nonzero)
+    are left out, their wait being the device's time."""
+    program = host_program(records, timeline)
+    ranges = sorted(inside for _, inside in program.values())
+    if not ranges:
+        return 0.0
+    typical = ranges[len(ranges) // 2]
+    extra = 0.0
+    for r in records:
+        if r.index in program and r.index not in fused and not r.kernel and launches_kernel(r) \
+                and not host_copies.uncapturable(r.name):
+            extra += max(program[r.index][1] - typical, 0.0)
+    return extra
+
+
 def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=False, tf32_enabled=None,
-                  structure=None):
+                  structure=None, modes=None, timeline=None):
     """{kind: Prediction} for every kind of REMEDY_KINDS that can be priced on this device. `structure`: the
-    graphs.GraphStructure of the model (its graphs, breaks and guards), where counted; else one graph."""
+    graphs.GraphStructure of the model (its graphs, breaks and guards), where counted; else one graph.
+    `modes`: precision.measure_modes' ModeSteps, priced with the step's host ranges from `timeline`; a precision
+    mode without one is priced by the ratio of its roofs (advise.precision_seconds)."""
     wall = max(wall_time_s, 0.0)
-    device, launches = compiled_program(records, ceilings, wall, busy_time_s)
+    groups = compiler_groups(records)
+    device, launches = compiled_program(records, ceilings, wall, busy_time_s, groups)
     per_call = 2 if train else 1  # AOTAutograd's forward and backward per Dynamo graph
     graphs = per_call * (structure.graphs if structure is not None else 1)
     call_s = COMPILED_CALL_S + (structure.guards / max(structure.graphs, 1) * GUARD_S if structure else 0.0)
-    host = launches * ceilings.launch_latency + graphs * call_s
+    kept_host = kept_host_seconds(records, timeline, {r.index for g in groups for r in g}) \
+        if ceilings.kind == "cuda" else 0.0   # on the CPU an op's host time is its time, in `device` already
+    host = launches * ceilings.launch_latency + graphs * call_s + kept_host
     launched = max(device, host)
     fused = f"{launches} kernels, {device * 1e3:.3g} ms on the device after fusion"
     if structure is not None:
@@ -146,7 +174,7 @@ def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=Fals
     if ceilings.kind == "cuda":   # Inductor's wrapper, not the bare launch, paces its launches
         inductor_host += launches * max(INDUCTOR_KERNEL_S - ceilings.launch_latency, 0.0)
     parts = (("device_s", device), ("launches", launches), ("launch_latency_s", ceilings.launch_latency),
-             ("graph_calls", graphs), ("graph_call_s", call_s))
+             ("graph_calls", graphs), ("graph_call_s", call_s), ("kept_host_s", kept_host))
     preds = {
         "inductor": Prediction("inductor", max(device, inductor_host),
                                f"{fused}, launched from Inductor's wrapper ({inductor_host * 1e3:.3g} ms on the host)",
@@ -157,7 +185,7 @@ def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=Fals
         blockers = [(r.name, why) for r in records if (why := host_copies.uncapturable(r.name))]
         blocked = min(len(blockers), graphs)
         replayed = device + (graphs - blocked) * (ceilings.launch_latency + call_s) + \
-            blocked * (launches / graphs * ceilings.launch_latency + call_s)
+            blocked * (launches / graphs * ceilings.launch_latency + call_s) + kept_host
         how = f"{fused}, replayed without launch gaps"
         if blocked:
             how += (f"; {blocked} of {graphs} graph calls cannot be captured ({blockers[0][0]} "
@@ -172,6 +200,12 @@ def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=Fals
         preds["compile"] = Prediction("compile", launched, f"{fused}, launched from the host ({host * 1e3:.3g} ms)",
                                       parts=parts + (("host_s", host),))
     for key in ("tf32", "bf16") if ceilings.kind == "cuda" else ("bf16",):
+        measured = mode_step_seconds(modes[key], records, ceilings, wall, busy_time_s, timeline) \
+            if key in (modes or {}) else None
+        if measured is not None:
+            step, how, mode_parts = measured
+            preds[key] = Prediction(key, step, how, 1.0, parts=mode_parts)
+            continue
         priced = precision_seconds(records, ceilings, key, tf32_enabled)
         if priced is not None:
             old, new, n = priced

@@ -32,6 +32,7 @@ import torch
 
 from brrr.analyze import calibration
 from brrr.analyze.advise import advice_item
+from brrr.analyze.precision import fp32_contractions, tf32_matmuls
 from brrr.analyze.progress import step_bar
 from brrr.analyze.step import Step
 from brrr.analyze.timing import dynamo_frames_compiled, timed_runs
@@ -62,6 +63,8 @@ class Target:
     inputs: tuple
     train: bool
     device: torch.device
+    fp32_contractions: int | None = None   # fp32 matmul-family ops the analysis saw (None: not known)
+    fp32_matmuls: int | None = None        # ... of them cuBLAS matmuls, what TF32 reaches
 
 
 class Remedy:
@@ -139,23 +142,13 @@ class Autocast(Remedy):
     def not_applicable(self, target):
         if _floating_dtype(target.model, target.inputs) != torch.float32:
             return "the model is not fp32"
+        if target.fp32_contractions == 0:
+            return "no matmul-family op of the step runs in fp32 (autocast is on already?)"
         return None
 
     def prepare(self, model, inputs, target):
         return Prepared(model, inputs, settings=lambda: torch.autocast(target.device.type, dtype=torch.bfloat16))
 
-
-@contextmanager
-def tf32_matmuls():
-    """TF32 for fp32 matmuls for the body; the previous settings restored after."""
-    precision, allow = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
-    torch.set_float32_matmul_precision("high")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(precision)
-        torch.backends.cuda.matmul.allow_tf32 = allow
 
 
 class TF32(Remedy):
@@ -168,6 +161,8 @@ class TF32(Remedy):
             return "the model is not fp32"
         if torch.get_float32_matmul_precision() != "highest" or torch.backends.cuda.matmul.allow_tf32:
             return "TF32 is on already"
+        if target.fp32_matmuls == 0:
+            return "no cuBLAS matmul of the step runs in fp32 (autocast is on already?)"
         return None
 
     def prepare(self, model, inputs, target):
@@ -363,7 +358,9 @@ def verify(analysis, model, inputs, train=False, device=None, remedies=None, pro
         device = resolve_device(model, inputs)
     remedies = REMEDIES if remedies is None else remedies
     table = calibration.load_table(analysis.device) if table is None else table
-    target = Target(model, tuple(inputs), train, torch.device(device))
+    target = Target(model, tuple(inputs), train, torch.device(device),
+                    fp32_contractions=len(fp32_contractions(analysis.ops)),
+                    fp32_matmuls=len(fp32_contractions(analysis.ops, cublas_only=True)))
     rows = []
     with step_bar(progress, "verify", len(remedies) + 2) as next_remedy:
         next_remedy("the model as analyzed")
