@@ -13,13 +13,12 @@ softmaxes reading bf16, a launch and a dispatch per cast). So, per mode:
   MAX_TIMED_CALLS, the most FLOPs first); an op whose call is the analyzed one's keeps its measured time; one
   whose dtypes changed is scaled by its bytes (by its roofline floors if a contraction); an op the analyzed
   step did not run (a cast) moves its bytes at COPY_FRACTION of the copy bandwidth, no faster than the step's
-  shortest kernel.
-- the step (`mode_step_seconds`): a host issuing the ops in order and a device running their kernels in order,
-  simulated (`simulated_wall`). The analyzed step's host time per op comes from its profiler ranges (the op's
-  own ATen call) and the gaps between them (Python, scaled by the one factor that makes the simulation take
-  the measured wall time: the tracer's own cost sits in the gaps). An op autocast inserted costs the host the
-  median ATen call of the step. A host-bound step thus gets slower under autocast, as measured, and a device-
-  bound one gets the contractions' gain.
+  shortest memory-bound op.
+- the step (`mode_step_seconds`): the longer of the host and the device, plus what the analyzed step spent beyond
+  both. The host of a step whose device idles HOST_BOUND_SHARE of the time is its wall time; of any other, a
+  launch latency per op (the profiler's op ranges can't say: a host far ahead of the device blocks inside
+  them). Each op autocast inserts adds a launch latency: a host-bound step gets slower under autocast, as
+  measured, and a device-bound one gets its contractions' gain until its host paces it.
 """
 
 import statistics
@@ -33,6 +32,7 @@ from brrr.analyze.capture import _RawOp, _thaw, record_step
 from brrr.cost.device import synchronize
 from brrr.cost.ops import written_arguments
 
+HOST_BOUND_SHARE = 0.25  # a step whose device idles this share of the wall time is paced by its host
 MAX_TIMED_CALLS = 48   # distinct contraction calls timed per mode (a 12-layer transformer has ~10)
 TIME_BUDGET_S = 5.0    # ... and no more seconds of timing per mode; the rest are scaled by their roofs
 COPY_FRACTION = 0.85   # a cast is a plain copy: brrr's and ATen's copies reach 85-90% of the copy bandwidth
@@ -215,7 +215,8 @@ def _floor(record, ceilings, bytes_scale=1.0):
 def mode_device_times(mode, records, matched, ceilings):
     """Device seconds per launching op of the mode's step, keyed by its index (see the module docstring)."""
     by_index = {r.index: r for r in records}
-    shortest = min((r.time_s for r in records if r.time_s > 0 and _launches(r)), default=0.0)
+    # a kernel's fixed device cost: the shortest memory-bound op the step ran
+    shortest = min((r.time_s for r in records if r.time_s > 0 and _launches(r) and not r.contraction), default=0.0)
     bandwidth = ceilings.bandwidth * COPY_FRACTION
     times = {}
     for m in mode.records:
@@ -242,78 +243,30 @@ def mode_device_times(mode, records, matched, ceilings):
     return times
 
 
-def host_program(records, timeline):
-    """{record index: (gap seconds before its range, seconds inside its range)} of the analyzed step's ops that
-    have a host range in the timeline (analysis.timeline: (track, start_ns, end_ns, index, name))."""
-    spans = sorted((s[1], s[2], s[3]) for s in timeline or () if s[0] == "host" and s[3] < len(records))
-    program, last_end = {}, None
-    for start, end, index in spans:
-        gap = 0.0 if last_end is None else max(start - last_end, 0) / 1e9
-        program[index] = (gap, (end - start) / 1e9)
-        last_end = max(end, last_end or end)
-    return program
-
-
-def simulated_wall(ops):
-    """Seconds until the host has issued and the device has run `ops`: (host seconds, device seconds) in order;
-    each kernel starts once issued and once the previous one is done."""
-    host = device = 0.0
-    for host_s, device_s in ops:
-        host += host_s
-        if device_s > 0:
-            device = max(device, host) + device_s
-    return max(host, device)
-
-
-def _gap_scale(ops, wall_s, iterations=30):
-    """The factor on the host gaps (not the ops' own ranges) that makes the simulated step take `wall_s`: 0 when
-    the device alone takes longer, at most 1 (the traced run's gaps hold the tracer's cost too)."""
-    def wall(scale):
-        return simulated_wall([(scale * gap + inside, device) for gap, inside, device in ops])
-
-    if wall(0.0) >= wall_s:
-        return 0.0
-    if wall(1.0) <= wall_s:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(iterations):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if wall(mid) < wall_s else (lo, mid)
-    return (lo + hi) / 2
-
-
-def mode_step_seconds(mode, records, ceilings, wall_s, busy_s, timeline):
-    """(predicted step seconds in the mode, how, parts), or None without the analyzed step's host ranges."""
-    program = host_program(records, timeline)
+def mode_step_seconds(mode, records, ceilings, wall_s, busy_s, split):
+    """(predicted step seconds in the mode, how, parts), or None for a step with no ATen op (see the module
+    docstring)."""
     analyzed = [r for r in records if _launches(r) and not r.kernel]
-    if not program or not analyzed:
+    if not analyzed:
         return None
     total = sum(r.time_s for r in records)
     scale = min(busy_s, wall_s) / total if total > 0 else 0.0   # traced op times -> the plain step's busy time
-    ranges = sorted(inside for _, inside in program.values())
-    inserted_host = ranges[len(ranges) // 2]
     matched = {r.index: r.index for r in records} if mode.same_ops else align(records, mode.records)
     device = mode_device_times(mode, records, matched, ceilings)
-    base = [(*program.get(r.index, (0.0, 0.0)), r.time_s * scale) for r in analyzed]
-    gap_scale = _gap_scale(base, wall_s)
-    simulated_base = simulated_wall([(gap_scale * g + inside, d) for g, inside, d in base])
-    mode_ops = []
-    for m in mode.records:
-        if m.index not in device:
-            continue
-        was = matched.get(m.index)
-        gap, inside = program.get(was, (0.0, 0.0)) if was is not None else (0.0, inserted_host)
-        mode_ops.append((gap_scale * gap + inside, device[m.index] * scale))
-    if ceilings.kind == "cuda":
-        simulated = simulated_wall(mode_ops)
-    else:  # the CPU's ops run on the host: an op's time is host time, and the step is their sum
-        simulated, simulated_base = sum(d for _, d in mode_ops), sum(d for _, _, d in base)
-    inserted = sum(1 for m in mode.records if m.index in device and matched.get(m.index) is None)
-    timed = len(mode.timed)
-    step = max(wall_s + simulated - simulated_base, 0.0)
-    how = (f"{timed} contraction calls timed in {mode.key}, {inserted} ops added; device "
-           f"{sum(d for _, _, d in base) * 1e3:.3g} -> {sum(d for _, d in mode_ops) * 1e3:.3g} ms, host and device "
-           f"simulated in step order")
-    parts = (("device_s", sum(d for _, d in mode_ops)), ("host_s", sum(h for h, _ in mode_ops)),
-             ("timed_calls", timed), ("inserted_ops", inserted), ("gap_scale", gap_scale))
-    return step, how, parts
+    mode_device = sum(device.values()) * scale
+    inserted = sum(1 for index in device if matched.get(index) is None)
+    if ceilings.kind != "cuda":   # the CPU's ops run on the host: the step is their sum
+        step = wall_s + mode_device - sum(r.time_s for r in analyzed) * scale
+        host = mode_host = None
+    else:
+        host_bound = split.get("overhead", 0.0) >= HOST_BOUND_SHARE * wall_s
+        host = wall_s if host_bound else len(analyzed) * ceilings.launch_latency
+        mode_host = host + inserted * ceilings.launch_latency
+        step = max(mode_host, mode_device) + max(wall_s - max(host, min(busy_s, wall_s)), 0.0)
+    how = (f"{len(mode.timed)} contraction calls timed in {mode.key}, {inserted} ops added (casts); device "
+           f"{min(busy_s, wall_s) * 1e3:.3g} -> {mode_device * 1e3:.3g} ms")
+    if mode_host is not None:
+        how += f", host {host * 1e3:.3g} -> {mode_host * 1e3:.3g} ms"
+    parts = (("device_s", mode_device), ("host_s", mode_host), ("timed_calls", len(mode.timed)),
+             ("inserted_ops", inserted))
+    return max(step, 0.0), how, parts

@@ -12,7 +12,7 @@ figures; advise.py quotes the same figures, so advice and its verification agree
   FUSED_BANDWIDTH_FRACTION of the copy bandwidth, and takes no less than the step's shortest kernel and no
   more than its ops did. That is the device time; op times are scaled to the plain step's busy time first (as
   regimes.run_split does). The host launches each kernel at the measured launch latency, views cost nothing,
-  an ATen call the compiler keeps costs what its profiler range took beyond the step's median call
+  an ATen call of no class the compiler knows costs what its profiler range took beyond the step's median call
   (`kept_host_seconds`: a cuDNN RNN planning on every call),
   and each compiled graph call pays COMPILED_CALL_S (AOTAutograd's wrapper) and GUARD_S per guard it checks,
   for every graph Dynamo cuts the step into (graphs.py counts them; where it could not, one), forward and
@@ -24,7 +24,7 @@ figures; advise.py quotes the same figures, so advice and its verification agree
   the call's cost per graph call: no launch gaps. A graph holding an op no CUDA graph captures (`.item()`,
   nonzero, ctc_loss: runtime/host_copies.py), one per such op traced, launches its share of the kernels.
 - "tf32", "bf16" (`torch.autocast`): the ops the mode runs (for bf16 with autocast's casts), their contractions
-  timed in the mode, host and device simulated in step order (precision.py). Where the mode could not be
+  timed in the mode, the host paying a launch per op autocast adds (precision.py). Where the mode could not be
   measured: the fp32 matmul-family ops that are not launch-bound (for TF32 only the cuBLAS matmuls) scaled by
   the ratio of their roofline floors at the measured rates (advise.precision_seconds); the rest unchanged.
 - "channels-last": each convolution at most its roofline floor over the best fraction of roof any
@@ -39,7 +39,7 @@ kind from earlier measurements; the figures here are the uncalibrated ones.
 from dataclasses import dataclass
 
 from brrr.analyze.advise import FUSIBLE_CLASSES, fusion_bytes_saved, linked_groups, precision_seconds
-from brrr.analyze.precision import host_program, mode_step_seconds
+from brrr.analyze.precision import mode_step_seconds
 from brrr.compile.runtime import host_copies
 
 REMEDY_KINDS = ("compile", "cuda-graphs", "inductor", "bf16", "tf32", "channels-last", "batch")
@@ -133,11 +133,23 @@ def _channels_last_seconds(records):
     return saved
 
 
+def host_program(records, timeline):
+    """{record index: (gap seconds before its range, seconds inside its range)} of the analyzed step's ops that
+    have a host range in the timeline (analysis.timeline: (track, start_ns, end_ns, index, name))."""
+    spans = sorted((s[1], s[2], s[3]) for s in timeline or () if s[0] == "host" and s[3] < len(records))
+    program, last_end = {}, None
+    for start, end, index in spans:
+        gap = 0.0 if last_end is None else max(start - last_end, 0) / 1e9
+        program[index] = (gap, (end - start) / 1e9)
+        last_end = max(end, last_end or end)
+    return program
+
+
 def kept_host_seconds(records, timeline, fused):
-    """Host seconds the ATen calls a compiler keeps (neither fused nor views) take beyond the step's median ATen
-    call, from their profiler ranges: a cuDNN RNN that builds its plan on every call, a wide reduction's setup.
-    Compiled code calls them as eager does, so that time stays; ops that wait for the device (.item(), nonzero)
-    are left out, their wait being the device's time."""
+    """Host seconds the ATen calls of no class a compiler knows (op class "other": a cuDNN RNN that builds its
+    plan on every call) take beyond the step's median ATen call, from their profiler ranges. Compiled code calls
+    them as eager does, so that time stays. Contractions are left out: a host ahead of the device blocks inside
+    their ranges, which is the device's time; so are ops that wait for the device (.item(), nonzero)."""
     program = host_program(records, timeline)
     ranges = sorted(inside for _, inside in program.values())
     if not ranges:
@@ -145,8 +157,8 @@ def kept_host_seconds(records, timeline, fused):
     typical = ranges[len(ranges) // 2]
     extra = 0.0
     for r in records:
-        if r.index in program and r.index not in fused and not r.kernel and launches_kernel(r) \
-                and not host_copies.uncapturable(r.name):
+        if r.index in program and r.index not in fused and r.op_class == "other" and not r.kernel \
+                and launches_kernel(r) and not host_copies.uncapturable(r.name):
             extra += max(program[r.index][1] - typical, 0.0)
     return extra
 
@@ -155,8 +167,8 @@ def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=Fals
                   structure=None, modes=None, timeline=None):
     """{kind: Prediction} for every kind of REMEDY_KINDS that can be priced on this device. `structure`: the
     graphs.GraphStructure of the model (its graphs, breaks and guards), where counted; else one graph.
-    `modes`: precision.measure_modes' ModeSteps, priced with the step's host ranges from `timeline`; a precision
-    mode without one is priced by the ratio of its roofs (advise.precision_seconds)."""
+    `modes`: precision.measure_modes' ModeSteps; a precision mode without one is priced by the ratio of its roofs
+    (advise.precision_seconds). `timeline`: the analyzed step's profiler ranges (kept_host_seconds)."""
     wall = max(wall_time_s, 0.0)
     groups = compiler_groups(records)
     device, launches = compiled_program(records, ceilings, wall, busy_time_s, groups)
@@ -200,7 +212,7 @@ def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=Fals
         preds["compile"] = Prediction("compile", launched, f"{fused}, launched from the host ({host * 1e3:.3g} ms)",
                                       parts=parts + (("host_s", host),))
     for key in ("tf32", "bf16") if ceilings.kind == "cuda" else ("bf16",):
-        measured = mode_step_seconds(modes[key], records, ceilings, wall, busy_time_s, timeline) \
+        measured = mode_step_seconds(modes[key], records, ceilings, wall, busy_time_s, split) \
             if key in (modes or {}) else None
         if measured is not None:
             step, how, mode_parts = measured

@@ -220,3 +220,24 @@ def test_a_graph_that_cannot_be_captured_launches_its_share_of_the_kernels():
         clean["cuda-graphs"].step_s - (5e-6 + COMPILED_CALL_S) + (launches / 4 * 5e-6 + COMPILED_CALL_S))
     assert "1 of 4 graph calls cannot be captured (aten._local_scalar_dense.default reads a device value" in \
         blocked["cuda-graphs"].how
+
+
+def test_an_aten_call_the_compiler_keeps_costs_its_measured_host_time_beyond_the_median_call():
+    """Ten 1 us matmuls whose host ranges take 5 us, and a cuDNN RNN whose range takes 2 ms: compiled, the RNN
+    still takes its host time less the median call's; an op that waits for the device (.item()) adds nothing."""
+    records = [make_record(i, "contraction", name="aten.mm.default", flops=10**6, bytes_read=MB, time_s=1e-6)
+               for i in range(10)]
+    records.append(make_record(10, "other", name="aten._cudnn_rnn.default", bytes_read=MB, time_s=1e-4))
+    records.append(make_record(11, "other", name="aten._local_scalar_dense.default", bytes_read=4, time_s=1e-6))
+    timeline = [("host", i * 10_000, i * 10_000 + 5_000, i, "") for i in range(10)]
+    timeline += [("host", 200_000, 2_200_000, 10, ""), ("host", 2_300_000, 5_300_000, 11, "")]
+    split = {"compute": 1e-4, "bandwidth": 0.0, "overhead": 5e-3}
+    ceilings = make_ceilings(launch_latency=5e-6)
+    with_ranges = predict_steps(records, ceilings, split, 5.4e-3, 1.1e-4, timeline=timeline)
+    without = predict_steps(records, ceilings, split, 5.4e-3, 1.1e-4)
+    assert dict(with_ranges["compile"].parts)["kept_host_s"] == pytest.approx(2e-3 - 5e-6)
+    kept = 2e-3 - 5e-6
+    for kind in ("compile", "inductor"):   # the host's share grows by it; the step is now the host's
+        assert dict(with_ranges[kind].parts)["host_s"] == pytest.approx(dict(without[kind].parts)["host_s"] + kept)
+        assert with_ranges[kind].step_s == pytest.approx(dict(with_ranges[kind].parts)["host_s"])
+    assert with_ranges["cuda-graphs"].step_s == pytest.approx(without["cuda-graphs"].step_s + kept)

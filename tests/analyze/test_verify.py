@@ -323,3 +323,15 @@ def test_brrr_is_timed_only_after_every_graph_has_decided_how_to_run(monkeypatch
     assert decided_at == [captured_choice.TRIAL_LENGTH + 1] and decided_at[0] <= prepared.warmup_calls
     monkeypatch.setattr(captured_choice, "CLOCK", None)
     assert remedy.deciding_calls(target) == 0   # no trial on the CPU: nothing to wait for
+
+
+def test_precision_remedies_do_not_apply_to_a_step_without_fp32_matmuls():
+    """A model with fp32 weights whose forward runs under autocast already: bf16 and TF32 have nothing to do."""
+    from brrr.analyze.verify import Autocast, Target, TF32
+
+    model = torch.nn.Linear(4, 4)
+    target = Target(model, (torch.ones(2, 4),), False, torch.device("cuda"), fp32_contractions=0, fp32_matmuls=0)
+    assert "no matmul-family op" in Autocast().not_applicable(target)
+    assert "no cuBLAS matmul" in TF32().not_applicable(target)
+    target.fp32_contractions = target.fp32_matmuls = 3
+    assert Autocast().not_applicable(target) is None and TF32().not_applicable(target) is None
