@@ -175,12 +175,21 @@ def summary(rows):
             "slower_than_eager": {r["config"]: slow for r in ok if (slow := slower_than_eager(r))}}
 
 
+def _commits(rows):
+    counts = {}
+    for row in rows:
+        counts[row.get("commit", "-")] = counts.get(row.get("commit", "-"), 0) + 1
+    return counts
+
+
 def markdown(result):
     env, s = result["environment"], result["summary"]
     pct = (lambda v: "-" if v is None else f"{v:.0%}")
     lines = [f"# analyze --verify over the sweep ({env['device']}, torch {env['torch']}, triton {env['triton']}, "
              f"commit {env['commit']}, {env['date']})", "",
              f"{s['configs']} configurations ({', '.join(s['families'])}); failed: {', '.join(s['failed']) or 'none'}",
+             "", "rows measured at commit: " + ", ".join(
+                 f"{c} ({n})" for c, n in sorted(_commits(result["rows"]).items())),
              "", "| remedy kind | n | median uncal. | p90 uncal. | median calibrated (LOO) | p90 calibrated (LOO) | "
              "median measured/predicted | passes |", "|---|---|---|---|---|---|---|---|"]
     for kind, v in sorted(s["kinds"].items()):
@@ -280,7 +289,10 @@ def main(argv=None):
     from result_files import RESULTS, result_stem, run_environment
     from run_zoo import cpu_shares, worker_env
 
-    previous = json.loads(Path(args.previous).read_text())["rows"] if args.previous else []
+    previous = []
+    if args.previous:   # each row keeps the commit it was measured at
+        earlier = json.loads(Path(args.previous).read_text())
+        previous = [dict(r, commit=r.get("commit", earlier["environment"]["commit"])) for r in earlier["rows"]]
     done = {r["config"] for r in previous if "error" not in r}   # measured before: not run again unless named
     configs = pick(catalog.all_configs(), args.per_family, args.configs.split(",") if args.configs else None)
     if not args.configs:
@@ -311,7 +323,7 @@ def main(argv=None):
             if time.perf_counter() - started > args.budget_s:
                 print(f"[gpu {index}] {config.name}: not started, budget spent", flush=True)
                 continue
-            row = run_one(args, config, env, cpus[index])
+            row = dict(run_one(args, config, env, cpus[index]), commit=environment["commit"])
             with lock:
                 rows.append(row)
             print(f"[gpu {index}] {config.name}: " + (row["error"][-300:] if "error" in row else

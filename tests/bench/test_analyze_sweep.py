@@ -93,3 +93,10 @@ def test_a_tiny_configuration_is_analyzed_and_verified_in_its_own_process(sweep,
         pytest.approx(batch["measured_s"] / batch["predicted_uncalibrated_s"])]
     assert result["summary"]["advice_follows_measurements"] == {"tv-alexnet-infer-bf16": True}
     assert (tmp_path / path.name.replace(".json", ".md")).exists()
+    # a later run merges this one: each row keeps the commit it was measured at
+    assert row["commit"] == result["environment"]["commit"]
+    assert sweep.main(["--device", "cpu", "--quick", "--configs", "tv-alexnet-train-bf16", "--remedies", "batch",
+                       "--previous", str(path), "--commit", "later", "--out", str(tmp_path / "later")]) == 0
+    (merged,) = (tmp_path / "later").glob("*-analyze-sweep.json")
+    commits = {r["config"]: r["commit"] for r in json.loads(merged.read_text())["rows"]}
+    assert commits == {"tv-alexnet-infer-bf16": row["commit"], "tv-alexnet-train-bf16": "later"}
