@@ -175,8 +175,10 @@ def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=Fals
     per_call = 2 if train else 1  # AOTAutograd's forward and backward per Dynamo graph
     graphs = per_call * (structure.graphs if structure is not None else 1)
     call_s = COMPILED_CALL_S + (structure.guards / max(structure.graphs, 1) * GUARD_S if structure else 0.0)
-    kept_host = kept_host_seconds(records, timeline, {r.index for g in groups for r in g}) \
-        if ceilings.kind == "cuda" else 0.0   # on the CPU an op's host time is its time, in `device` already
+    # on the CPU an op's host time is its time, in `device` already. No more than eager's device waited on its host:
+    # a range that waits for the device (a cuDNN RNN syncs) holds device time too
+    kept_host = min(kept_host_seconds(records, timeline, {r.index for g in groups for r in g}),
+                    split.get("overhead", 0.0)) if ceilings.kind == "cuda" else 0.0
     host = launches * ceilings.launch_latency + graphs * call_s + kept_host
     launched = max(device, host)
     fused = f"{launches} kernels, {device * 1e3:.3g} ms on the device after fusion"

@@ -237,6 +237,9 @@ def test_an_aten_call_the_compiler_keeps_costs_its_measured_host_time_beyond_the
     without = predict_steps(records, ceilings, split, 5.4e-3, 1.1e-4)
     assert dict(with_ranges["compile"].parts)["kept_host_s"] == pytest.approx(2e-3 - 5e-6)
     kept = 2e-3 - 5e-6
+    # no more than the time eager's device waited on its host: a range that waits for the device holds its time
+    idle = predict_steps(records, ceilings, dict(split, overhead=1e-3), 5.4e-3, 1.1e-4, timeline=timeline)
+    assert dict(idle["compile"].parts)["kept_host_s"] == pytest.approx(1e-3)
     for kind in ("compile", "inductor"):   # the host's share grows by it; the step is now the host's
         assert dict(with_ranges[kind].parts)["host_s"] == pytest.approx(dict(without[kind].parts)["host_s"] + kept)
         assert with_ranges[kind].step_s == pytest.approx(dict(with_ranges[kind].parts)["host_s"])
