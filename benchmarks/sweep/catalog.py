@@ -259,7 +259,7 @@ TRANSFORMERS = (
     ("albert", "AlbertForMaskedLM", "masked", dict(BASE, embedding_size=128)),
     ("electra", "ElectraForMaskedLM", "masked", {}),
     ("deberta-v2", "DebertaV2ForMaskedLM", "masked", dict(BASE)),
-    ("mpnet", "MPNetForMaskedLM", "masked", {}),
+    ("mpnet", "MPNetForMaskedLM", "masked", dict(max_position_embeddings=514)),   # positions as RoBERTa's
     ("xlm-roberta", "XLMRobertaForMaskedLM", "masked", dict(max_position_embeddings=514)),
     ("gpt2", "GPT2LMHeadModel", "causal", {}),
     ("gpt-neo", "GPTNeoForCausalLM", "causal", dict(hidden_size=768, num_layers=12, num_heads=12,
