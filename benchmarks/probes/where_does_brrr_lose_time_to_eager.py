@@ -39,10 +39,10 @@ def main(names):
     from brrr.analyze.step import Step
     from brrr.compile.backend import compile as brrr_compile
 
-    device = torch.device("cuda")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # the CPU: tiny models, a check
     for name in names:
         config = next(c for c in catalog.all_configs() if c.name == name)
-        work = config.build(device, False)
+        work = config.build(device, device.type == "cpu")
         print(f"# {name} (train={work.train})", flush=True)
         eager = analyze(work.model, *work.inputs, train=work.train, calibrate=False)
         compiled = brrr_compile(work.model)
@@ -50,7 +50,8 @@ def main(names):
         start = time.perf_counter()
         for _ in range(40):   # past the compiled-or-captured and launch-or-replay trials
             step()
-        torch.cuda.synchronize()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         print(f"  compile and 40 calls: {time.perf_counter() - start:.1f} s", flush=True)
         brrr = analyze(compiled, *work.inputs, train=work.train, calibrate=False)
         summary("eager", eager)
@@ -63,7 +64,8 @@ def main(names):
                   f"{bc.get(k, 0):5d}")
         del compiled, step, eager, brrr, work
         torch._dynamo.reset()
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
