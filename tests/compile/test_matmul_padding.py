@@ -19,6 +19,7 @@ def pad_everywhere(monkeypatch):
     monkeypatch.setattr(mp, "PAD_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(mp, "PAD_LAUNCH_S", 0.0)
     monkeypatch.setattr(mp, "UNALIGNED_SLOWDOWN", {2: 100.0, 4: 100.0, 8: 100.0})
+    monkeypatch.setattr(mp, "on_tensor_cores", lambda dtype: True)   # fp32 here stands for a tensor-core dtype
 
 
 def _padded_graph(fn, *args):
@@ -94,6 +95,28 @@ def test_large_unaligned_matmul_pays_under_the_default_cost_model(monkeypatch):
         gm = make_fx(lambda h, w: h @ w.t(), tracing_mode="fake")(h, w)
     (d,) = mp.pad_matmuls(gm)
     assert d.padded and d.dims == {"N": (50257, 50264)}
+
+
+def test_an_ieee_fp32_matmul_is_not_padded_and_a_tf32_one_is(monkeypatch):
+    # fp32 DistilBERT's LM head, [4096, 768] @ [768, 30522]: cuBLAS's SIMT kernels don't mind the 8-byte output
+    # leading dimension, tensor cores (TF32) do
+    monkeypatch.setattr(mp, "PAD_DEVICES", ("cuda", "cpu"))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        h, w = torch.empty(4096, 768), torch.empty(30522, 768)
+        gm = make_fx(lambda h, w: h @ w.t(), tracing_mode="fake")(h, w)
+    precision = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        (ieee,) = mp.pad_matmuls(gm)
+        assert not ieee.padded and "IEEE fp32" in ieee.reason
+        for node in gm.graph.nodes:
+            node.meta.pop(mp.DECISIONS, None)
+        torch.set_float32_matmul_precision("high")
+        (tf32,) = mp.pad_matmuls(gm)
+        assert tf32.padded and tf32.dims == {"N": (30522, 30524)}
+    finally:
+        torch.set_float32_matmul_precision(precision)
 
 
 def test_the_slowdown_follows_the_worst_leading_dimension():

@@ -19,9 +19,12 @@ operand or output has an unaligned leading dimension is rewritten, when the cost
   the original layout follows. Every node after the matmul sees exactly the strides it was traced with, and
   the clone, a pointwise node, is fused into its readers when they are brrr kernels.
 
-The cost model: an unaligned matmul takes UNALIGNED_SLOWDOWN[alignment] times an aligned one, by the worst
-leading dimension's alignment in bytes (measured on the H100, bf16, an LM head's three matmuls at 8192 x 768:
-4.5-6.6x at 2 bytes, 2.6-2.8x at 4, 2.4-2.5x at 8; the table is a little under), the padded one its padded
+The cost model: an unaligned matmul on tensor cores (bf16, fp16, fp32 as TF32) takes UNALIGNED_SLOWDOWN[alignment]
+times an aligned one, by the worst leading dimension's alignment in bytes (measured on the H100, bf16, an LM head's
+three matmuls at 8192 x 768: 4.5-6.6x at 2 bytes, 2.6-2.8x at 4, 2.4-2.5x at 8; the table is a little under). An
+IEEE fp32 matmul (TF32 off) runs cuBLAS's SIMT kernels, which alignment barely slows: fp32 DistilBERT's 30522-wide
+LM head ran its matmuls 0.1 ms faster padded and paid 0.29 ms of pad and slice copies (H200,
+`results/probes/2026-11-29-h200-3974af1-where-does-brrr-lose-time-to-eager.log`), so it is not padded; the padded one its padded
 FLOPs at the device's matmul peak plus each pad's bytes (read and written) at its bandwidth and PAD_LAUNCH_S
 per pad kernel. Datasheet figures (brrr.cost)
 give the ratio; the decision does not depend on measuring this machine. Each decision, padded or not, is kept
@@ -149,6 +152,12 @@ def _operands(node):
     return None, node.args[0], node.args[1]
 
 
+def on_tensor_cores(dtype):
+    """Whether cuBLAS runs a matmul of `dtype` on tensor cores under the current settings (fp32 only as TF32)."""
+    return dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 or \
+        torch.get_float32_matmul_precision() != "highest"
+
+
 def _consider(gm, node, pads):
     bias, a, b = _operands(node)
     va, vb, out = _val(a), _val(b), _val(node)
@@ -201,9 +210,12 @@ def _consider(gm, node, pads):
     if "N" in dims:   # the clone back to the traced layout, when something stores it
         pad_bytes += 2 * batch * m * n * out.element_size()
         n_pads += 1
-    unaligned_s = flops / peak * UNALIGNED_SLOWDOWN.get(worst, 1.0)
+    tensor_cores = on_tensor_cores(va.dtype)
+    unaligned_s = flops / peak * (UNALIGNED_SLOWDOWN.get(worst, 1.0) if tensor_cores else 1.0)
     padded_s = padded_flops / peak + pad_bytes / bandwidth + n_pads * PAD_LAUNCH_S
     why = f"predicted {unaligned_s * 1e3:.3f} ms unaligned, {padded_s * 1e3:.3f} ms padded"
+    if not tensor_cores:
+        why += " (IEEE fp32: SIMT kernels, alignment costs nothing)"
     if padded_s >= unaligned_s:
         return Padding(node.name, name, shape, dims, False, why)
     before, trial = set(gm.graph.nodes), dict(pads)

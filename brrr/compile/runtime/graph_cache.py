@@ -112,6 +112,8 @@ def key(gm, kind, forced=(), split=(), options=None, extra=()):
                   sorted((k, v) for k, v in os.environ.items()
                          if k.startswith("BRRR_") and k not in _IGNORED_SETTINGS),
                   os.environ.get("TRITON_INTERPRET", ""), sorted((options or {}).items()),
+                  # fp32 matmuls as TF32 or IEEE: the padding decisions and the matmul templates follow it
+                  torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
                   sorted(n.name for n in forced), sorted(n.name for n in split), list(extra), gm.code):
             part(p)
         for node in gm.graph.nodes:
