@@ -23,7 +23,7 @@ The cost model: an unaligned matmul on tensor cores (bf16, fp16, fp32 as TF32) t
 times an aligned one, by the worst leading dimension's alignment in bytes (measured on the H100, bf16, an LM head's
 three matmuls at 8192 x 768: 4.5-6.6x at 2 bytes, 2.6-2.8x at 4, 2.4-2.5x at 8; the table is a little under). An
 IEEE fp32 matmul (TF32 off) runs cuBLAS's SIMT kernels, which alignment barely slows: fp32 DistilBERT's 30522-wide
-LM head ran its matmuls 0.1 ms faster padded and paid 0.29 ms of pad and slice copies (H200,
+LM head ran its matmuls 0.1 ms faster padded, beside 0.29 ms of copy kernels eager does not run (H200,
 `results/probes/2026-11-29-h200-3974af1-where-does-brrr-lose-time-to-eager.log`), so it is not padded; the padded one its padded
 FLOPs at the device's matmul peak plus each pad's bytes (read and written) at its bandwidth and PAD_LAUNCH_S
 per pad kernel. Datasheet figures (brrr.cost)
