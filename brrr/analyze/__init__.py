@@ -33,13 +33,14 @@ from brrr.analyze.replay import expected_ops, match_ops, model_state, span_secon
 from brrr.analyze.step import KnownStep, KnownSteps, Step, resolve_device
 from brrr.analyze.timing import (CudaTimes, attribute_kernels, cpu_times, cuda_op_times, device_busy_time,
                                  dynamo_frames_compiled, median_times, op_times, profiled, session_events,
-                                 timed_runs)
+                                 settled_runs)
 
 __all__ = ["analyze", "Analysis", "OpRecord"]
 
 STAGES = ("ceilings", "capture", "profile", "wall time", "precision modes", "classify")
 WALL_RUNS = 2  # plain steps timed for the wall time (the faster): the warm-up step and one more, unless the
-               # first comes within timing.WARM_TOLERANCE of this step's last plain step in an earlier analysis
+               # first comes within timing.WARM_TOLERANCE of this step's last plain step in an earlier analysis;
+               # more while they still come down (timing.settled_runs)
 KNOWN_STEPS = KnownSteps()  # what earlier analyses in this process learned: last wall time, trace
 REPLAY_DEVICES = ("cuda",)  # where a step traced before is timed without the tracer (replay.py). Not on CPU: there
                             # views take host time too, and the replay times only the ops that launch kernels
@@ -158,7 +159,7 @@ def analyze(model, *inputs, train=False, device=None, progress=False, ceilings=N
         # step. They run before it, not after: a plain step right after a CUPTI session ran 5-10% slow on the
         # H100 (`results/probes/...-d719300-wall-after-cupti.log`), which would read as overhead.
         known = KNOWN_STEPS.get(step) or KnownStep()  # a step that can't be remembered: for this analysis
-        plain = timed_runs(step, device, runs=WALL_RUNS, warm_s=known.wall_s)
+        plain = settled_runs(step, device, runs=WALL_RUNS, warm_s=known.wall_s)
         wall = min(plain)
         known.wall_s = plain[-1]
         trace, times, busy, outside, timeline = _measured_run(step, device, known)

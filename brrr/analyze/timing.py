@@ -5,8 +5,8 @@ Three measurements of the same step:
   on CUDA an op's time is the device time of the kernels launched inside its range, on CPU the host time
   of the range. A CUDA inference step traced before runs without the tracer instead, its ATen events
   matched to the traced ops (replay.py); the kernels are attributed the same way (attribute_kernels).
-- wall time: a plain step (no tracer, no profiler), synchronized: the faster of the warm-up step and one
-  more, both before the traced step (a plain step right after a CUPTI session runs slow for a while). A step
+- wall time: a plain step (no tracer, no profiler), synchronized: the fastest of the warm-up step and one
+  more (and more while they still come down, `settled_runs`), all before the traced step (a plain step right after a CUPTI session runs slow for a while). A step
   brrr has timed before in this process needs only the first when it is as fast as then
   (step.KnownSteps).
 - device busy time: on CUDA the union of the traced run's kernel intervals (kernels take as long with the
@@ -355,6 +355,22 @@ def timed_runs(step, device, runs=1, recompiles=2, warm_s=None):
         if (warm_s is not None and not compiled and seconds <= warm_s * (1 + WARM_TOLERANCE)
                 and _reserved_bytes(device) == reserved):
             break
+    return samples
+
+
+MAX_SETTLING_RUNS = 6     # plain runs settled_runs takes at most ...
+SETTLING_BUDGET_S = 1.0   # ... and no more once they have taken this long together
+SETTLED = 0.05            # a run no more than this much faster than the best before it: the step has settled
+
+
+def settled_runs(step, device, runs, warm_s=None):
+    """timed_runs, then more plain runs while the last one beat the best before it by more than SETTLED: a
+    host-bound step can take several runs to come down (an H200's sweep saw the first two of 30 steps at
+    1.2-2.5x the steady step), and their best is the wall time every regime is split from."""
+    samples = timed_runs(step, device, runs=runs, warm_s=warm_s)
+    while (len(samples) >= 2 and len(samples) < MAX_SETTLING_RUNS and sum(samples) < SETTLING_BUDGET_S
+           and samples[-1] < (1 - SETTLED) * min(samples[:-1])):
+        samples += timed_runs(step, device, runs=1)
     return samples
 
 

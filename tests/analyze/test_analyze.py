@@ -155,7 +155,7 @@ def _step_log():
     return model, calls
 
 
-def test_the_wall_time_steps_run_before_the_traced_step(cpu_ceilings):
+def test_the_wall_time_steps_run_before_the_traced_step(cpu_ceilings, steady_clock):
     # a plain step right after a CUPTI session runs slow for a while (5-10% on the H100 host): the wall time
     # is taken first, the first plain step doubling as the warm-up
     model, calls = _step_log()
@@ -198,7 +198,7 @@ def test_the_last_plain_run_is_remembered_not_the_fastest(cpu_ceilings, monkeypa
     assert calls == ["plain", "profiled", "profiled", "plain"]   # the last counts its graphs (graphs.py)
 
 
-def test_a_traced_step_during_which_dynamo_compiled_is_traced_again(cpu_ceilings, monkeypatch):
+def test_a_traced_step_during_which_dynamo_compiled_is_traced_again(cpu_ceilings, monkeypatch, steady_clock):
     compiles = [0]
     model, calls = _step_log()
 

@@ -256,6 +256,26 @@ def test_a_run_as_fast_as_the_known_warm_time_is_the_wall_time(monkeypatch):
     assert timing.timed_runs(lambda: None, cpu, runs=2) == [1.0e-3, 0.9e-3] and len(runs) == 2
 
 
+def test_the_wall_time_takes_more_runs_while_they_still_come_down(monkeypatch):
+    import brrr.analyze.timing as timing
+
+    cpu = torch.device("cpu")
+    # a host-bound step coming down over its first runs: runs until one no longer beats the best before it
+    runs = _timed_runs(monkeypatch, [9e-3, 5e-3, 3e-3, 2.95e-3, 1e-3])
+    assert timing.settled_runs(lambda: None, cpu, runs=2) == [9e-3, 5e-3, 3e-3, 2.95e-3] and len(runs) == 4
+    # a steady step: the two runs it always took
+    runs = _timed_runs(monkeypatch, [1e-3, 1.02e-3, 0.5e-3])
+    assert timing.settled_runs(lambda: None, cpu, runs=2) == [1e-3, 1.02e-3]
+    # at most MAX_SETTLING_RUNS, and none once they took SETTLING_BUDGET_S together
+    runs = _timed_runs(monkeypatch, [2.0 ** -k * 1e-3 for k in range(20)])
+    assert len(timing.settled_runs(lambda: None, cpu, runs=2)) == timing.MAX_SETTLING_RUNS
+    runs = _timed_runs(monkeypatch, [0.8, 0.4, 0.2])
+    assert timing.settled_runs(lambda: None, cpu, runs=2) == [0.8, 0.4]
+    # a run as fast as the known warm time is still the wall time alone
+    runs = _timed_runs(monkeypatch, [1.0e-3, 0.5e-3])
+    assert timing.settled_runs(lambda: None, cpu, runs=2, warm_s=1e-3) == [1.0e-3]
+
+
 def test_a_fast_run_that_grew_the_allocator_or_compiled_is_not_warm(monkeypatch):
     import brrr.analyze.timing as timing
 
