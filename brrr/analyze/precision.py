@@ -109,13 +109,15 @@ def _call_key(record):
 def time_contractions(raw, indices, records, device, settings=None):
     """{index: seconds} of the raw ops at `indices` run alone on random operands of their recorded layouts
     (under `settings`, a context-manager factory): each distinct call once, the most FLOPs first, within
-    MAX_TIMED_CALLS and TIME_BUDGET_S. An op that writes its inputs, or whose operands can't be rebuilt, is
-    left out."""
+    MAX_TIMED_CALLS and TIME_BUDGET_S. An op that writes its inputs, takes an integer tensor (offsets, lengths,
+    RNG seeds) or whose operands can't be rebuilt is left out."""
     calls = {}
     for i in indices:
         op = raw[i]
         if type(op) is not _RawOp or written_arguments(op.func):
             continue
+        if any(not op.metas[g][2].is_floating_point for g in op.inputs):
+            continue   # offsets, lengths or seeds random data can't stand for (a kernel reading out of bounds)
         try:
             calls.setdefault(op.signature(), []).append(i)
         except TypeError:  # an unhashable argument

@@ -126,3 +126,21 @@ def test_no_mode_is_traced_for_a_step_without_fp32_matmuls(cpu_ceilings, counted
     model, x = TwoLayers().to(torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
     analysis = analyze(model, x, ceilings=cpu_ceilings, profile_runs=1)
     assert counted_timer == [] and "timed_calls" not in dict(analysis.predictions["bf16"].parts)
+
+
+def test_a_contraction_taking_an_integer_tensor_is_not_timed_on_random_data(counted_timer):
+    """Random offsets or seeds could send a kernel out of bounds: such a call keeps its roofline estimate."""
+    from brrr.analyze.capture import record_step
+    from brrr.analyze.step import Step
+
+    class Indexed(torch.nn.Module):
+        def forward(self, a, b, index):
+            return torch.mm(a, b)[index]
+
+    a, b, index = torch.randn(8, 8), torch.randn(8, 8), torch.tensor([0, 3])
+    trace = record_step(Step(Indexed(), (a, b, index)), mark_ranges=False)
+    records = trace.records()
+    mm = [r.index for r in records if r.name == "aten.mm.default"]
+    gathered = [r.index for r in records if r.name == "aten.index.Tensor"]
+    timed = precision.time_contractions(trace.raw, mm + gathered, records, torch.device("cpu"))
+    assert set(timed) == set(mm) and counted_timer == [torch.float32]
