@@ -133,16 +133,10 @@ def _channels_last_seconds(records):
     return saved
 
 
-def host_program(records, timeline):
-    """{record index: (gap seconds before its range, seconds inside its range)} of the analyzed step's ops that
-    have a host range in the timeline (analysis.timeline: (track, start_ns, end_ns, index, name))."""
-    spans = sorted((s[1], s[2], s[3]) for s in timeline or () if s[0] == "host" and s[3] < len(records))
-    program, last_end = {}, None
-    for start, end, index in spans:
-        gap = 0.0 if last_end is None else max(start - last_end, 0) / 1e9
-        program[index] = (gap, (end - start) / 1e9)
-        last_end = max(end, last_end or end)
-    return program
+def host_ranges(records, timeline):
+    """{record index: seconds} of the analyzed step's op ranges on the host (analysis.timeline: (track, start_ns,
+    end_ns, index, name))."""
+    return {s[3]: (s[2] - s[1]) / 1e9 for s in timeline or () if s[0] == "host" and s[3] < len(records)}
 
 
 def kept_host_seconds(records, timeline, fused):
@@ -150,16 +144,15 @@ def kept_host_seconds(records, timeline, fused):
     plan on every call) take beyond the step's median ATen call, from their profiler ranges. Compiled code calls
     them as eager does, so that time stays. Contractions are left out: a host ahead of the device blocks inside
     their ranges, which is the device's time; so are ops that wait for the device (.item(), nonzero)."""
-    program = host_program(records, timeline)
-    ranges = sorted(inside for _, inside in program.values())
+    ranges = host_ranges(records, timeline)
     if not ranges:
         return 0.0
-    typical = ranges[len(ranges) // 2]
+    typical = sorted(ranges.values())[len(ranges) // 2]
     extra = 0.0
     for r in records:
-        if r.index in program and r.index not in fused and r.op_class == "other" and not r.kernel \
+        if r.index in ranges and r.index not in fused and r.op_class == "other" and not r.kernel \
                 and launches_kernel(r) and not host_copies.uncapturable(r.name):
-            extra += max(program[r.index][1] - typical, 0.0)
+            extra += max(ranges[r.index] - typical, 0.0)
     return extra
 
 
