@@ -23,7 +23,7 @@ softmaxes reading bf16, a launch and a dispatch per cast). So, per mode:
 
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -158,13 +158,8 @@ def _run_alone(op, device, settings):
     tensors = [_operand(shape, stride, dtype, device) for shape, stride, dtype in op.metas]
     args = tuple(_thaw(v, tensors) for v in op.args)
     kwargs = {name: _thaw(v, tensors) for name, v in op.kwargs}
-    with torch.no_grad(), (settings() if settings else _nothing()):
+    with torch.no_grad(), (settings() if settings else nullcontext()):
         return _median_seconds(lambda: op.func(*args, **kwargs), device)
-
-
-@contextmanager
-def _nothing():
-    yield
 
 
 def _median_seconds(fn, device, runs=5):
