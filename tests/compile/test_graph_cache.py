@@ -164,6 +164,12 @@ def test_what_changes_the_plan_changes_the_key(monkeypatch):
     monkeypatch.setattr(graph_cache, "brrr_digest", lambda: "another brrr")
     changed["brrr"] = graph_cache.key(gm, "inference")
     monkeypatch.undo()
+    precision = torch.get_float32_matmul_precision()
+    try:   # fp32 matmuls as TF32: matmul padding and templates decide otherwise
+        torch.set_float32_matmul_precision("high")
+        changed["TF32"] = graph_cache.key(gm, "inference")
+    finally:
+        torch.set_float32_matmul_precision(precision)
     assert graph_cache.key(gm, "inference") == base
     for what, k in changed.items():
         assert k is not None and k != base, what
