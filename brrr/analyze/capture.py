@@ -35,7 +35,7 @@ from torch._ops import OpOverload
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from brrr.compile.runtime import kernel_registry
+from brrr.compile.runtime import host_copies, kernel_registry
 from brrr.cost.ops import OpCost, launches_no_kernel, nbytes_touched, op_class, op_cost, tensors_in, written_arguments
 
 RANGE_PREFIX = "brrr#"
@@ -77,6 +77,7 @@ class OpRecord:
                                     # unknown (0)
     fused_ops: tuple = ()           # a kernel's ATen ops, as its compiler tells ("aten.gelu.default", ...)
     modules: tuple = ()             # a brrr kernel's modules, the one doing most of its FLOPs first (= module)
+    blocker: str | None = None      # why a CUDA graph holding this call cannot be captured (host_copies), or None
 
     @property
     def bytes(self):
@@ -543,16 +544,20 @@ class _Priced(NamedTuple):
     dtype: torch.dtype | None
     input_shapes: tuple
     input_dtypes: tuple
+    blocker: str | None = None
 
     @classmethod
     def of(cls, op):
+        name = _op_name(op.func)
         if type(op) is _ViewOp:
             dtype = next((d for d in op.dtypes if d.is_floating_point), None)
-            return cls(OpCost(0, 0, 0, op_class(op.func)), _op_name(op.func), dtype,
-                       tuple(tuple(shape) for shape in op.shapes), tuple(_dtype_name(d) for d in op.dtypes))
+            return cls(OpCost(0, 0, 0, op_class(op.func)), name, dtype,
+                       tuple(tuple(shape) for shape in op.shapes), tuple(_dtype_name(d) for d in op.dtypes),
+                       host_copies.uncapturable(name))
         metas = op.metas
-        return cls(_price(op), _op_name(op.func), _first_float_dtype(op), tuple(tuple(metas[g][0]) for g in op.inputs),
-                   tuple(_dtype_name(metas[g][2]) for g in op.inputs))
+        return cls(_price(op), name, _first_float_dtype(op), tuple(tuple(metas[g][0]) for g in op.inputs),
+                   tuple(_dtype_name(metas[g][2]) for g in op.inputs),
+                   host_copies.uncapturable_call(name, op.args, dict(op.kwargs)))
 
 
 _PRICES = {}        # signature -> _Priced, kept across analyses in the process (a model analyzed twice, eager
@@ -602,9 +607,12 @@ class Trace:
         cost = priced.cost
         # positional, in OpRecord's field order (index, name, module, phase, op_class, flops, bytes_read,
         # bytes_written, dtype, input_shapes, input_dtypes): half the cost of keywords, once per op
-        return OpRecord(index, priced.name, op.module or OUTSIDE_MODEL[op.phase], op.phase, cost.op_class, cost.flops,
-                        cost.bytes_read, cost.bytes_written, priced.dtype, list(priced.input_shapes),
-                        list(priced.input_dtypes))
+        record = OpRecord(index, priced.name, op.module or OUTSIDE_MODEL[op.phase], op.phase, cost.op_class,
+                          cost.flops, cost.bytes_read, cost.bytes_written, priced.dtype, list(priced.input_shapes),
+                          list(priced.input_dtypes))
+        if priced.blocker is not None:
+            record.blocker = priced.blocker
+        return record
 
     def _link(self, records, op):
         """Link the op's inputs to their producers, then note what it wrote (see the module docstring)."""

@@ -22,7 +22,8 @@ figures; advise.py quotes the same figures, so advice and its verification agree
   INDUCTOR_KERNEL_S instead of the bare launch latency (fitted on the sweep).
 - "cuda-graphs" (`brrr.compile(model, cuda_graphs=True)`): the compiled device time plus one replay launch and
   the call's cost per graph call: no launch gaps. A graph holding an op no CUDA graph captures (`.item()`,
-  nonzero, ctc_loss: runtime/host_copies.py), one per such op traced, launches its share of the kernels.
+  nonzero, ctc_loss, attention with dropout on its host RNG state: runtime/host_copies.py, read from each traced
+  call), one per such op traced, launches its share of the kernels.
 - "tf32", "bf16" (`torch.autocast`): the ops the mode runs (for bf16 with autocast's casts), their contractions
   timed in the mode, the host paying a launch per op autocast adds (precision.py). Where the mode could not be
   measured: the fp32 matmul-family ops that are not launch-bound (for TF32 only the cuBLAS matmuls) scaled by
@@ -151,7 +152,7 @@ def kept_host_seconds(records, timeline, fused):
     extra = 0.0
     for r in records:
         if r.index in ranges and r.index not in fused and r.op_class == "other" and not r.kernel \
-                and launches_kernel(r) and not host_copies.uncapturable(r.name):
+                and launches_kernel(r) and not (r.blocker or host_copies.uncapturable(r.name)):
             extra += max(ranges[r.index] - typical, 0.0)
     return extra
 
@@ -189,7 +190,7 @@ def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=Fals
     }
     if ceilings.kind == "cuda":
         # a graph holding an op no CUDA graph can capture launches its kernels: its share of the launches stays
-        blockers = [(r.name, why) for r in records if (why := host_copies.uncapturable(r.name))]
+        blockers = [(r.name, why) for r in records if (why := r.blocker or host_copies.uncapturable(r.name))]
         blocked = min(len(blockers), graphs)
         replayed = device + (graphs - blocked) * (ceilings.launch_latency + call_s) + \
             blocked * (launches / graphs * ceilings.launch_latency + call_s) + kept_host

@@ -222,6 +222,34 @@ def test_a_graph_that_cannot_be_captured_launches_its_share_of_the_kernels():
         blocked["cuda-graphs"].how
 
 
+def test_attention_traced_with_dropout_keeps_its_graph_from_replaying():
+    """Memory-efficient attention with dropout keeps its RNG state on the host when launched: the capture rule of
+    host_copies, read from the traced call's arguments (meta tensors: nothing runs)."""
+    from brrr.analyze.capture import record_step
+    from brrr.analyze.step import Step
+
+    class Attention(torch.nn.Module):
+        def __init__(self, p):
+            super().__init__()
+            self.p = p
+
+        def forward(self, q, k, v):
+            return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, False, self.p)[0]
+
+    q = torch.randn(2, 4, 16, 8, device="meta")
+    ceilings = make_ceilings(kind="cuda", launch_latency=5e-6)
+    split = {"compute": 1e-4, "bandwidth": 0.0, "overhead": 1e-4}
+    how = {}
+    for p in (0.0, 0.1):
+        records = record_step(Step(Attention(p), (q, q, q)), mark_ranges=False).records()
+        for r in records:
+            r.time_s = 1e-4
+        how[p] = predict_steps(records, ceilings, split, 2e-4, 1e-4)["cuda-graphs"].how
+    assert "cannot be captured" not in how[0.0]
+    assert "1 of 1 graph calls cannot be captured (aten._scaled_dot_product_efficient_attention.default with " \
+           "dropout keeps its RNG state on the host" in how[0.1]
+
+
 def test_an_aten_call_the_compiler_keeps_costs_its_measured_host_time_beyond_the_median_call():
     """Ten 1 us matmuls whose host ranges take 5 us, and a cuDNN RNN whose range takes 2 ms: compiled, the RNN
     still takes its host time less the median call's; an op that waits for the device (.item()) adds nothing."""

@@ -41,19 +41,34 @@ _UNCAPTURABLE = {
 _RNG_STATE_BY_CAPTURE = {"_scaled_dot_product_efficient_attention": 5, "_efficient_attention_forward": 8}
 
 
-def _dropout_on(node):
-    position = _RNG_STATE_BY_CAPTURE.get(op_name(node.target))
+DROPOUT_RNG = "with dropout keeps its RNG state on the host only when launched (its backward reads it there)"
+
+
+def dropout_on(name, args, kwargs):
+    """Whether a call of the ATen op `name` (its short name) runs attention dropout whose RNG state a capture moves
+    to the device: `args` and `kwargs` as the call has them (kwargs a dict)."""
+    position = _RNG_STATE_BY_CAPTURE.get(name)
     if position is None:
         return False
-    p = node.kwargs.get("dropout_p", node.args[position] if len(node.args) > position else 0.0)
+    p = kwargs.get("dropout_p", args[position] if len(args) > position else 0.0)
     return not isinstance(p, (int, float)) or p != 0
+
+
+def _short(op):
+    parts = op.split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] == "aten" else op
 
 
 def uncapturable(op):
     """Why the ATen op named `op` ("nonzero", or "aten.nonzero.default") cannot be captured in a CUDA graph,
-    or None (brrr.analyze predicts which graphs will launch from the ops it traced)."""
-    parts = op.split(".")
-    return _UNCAPTURABLE.get(parts[1] if len(parts) >= 2 and parts[0] == "aten" else op)
+    whatever its arguments, or None (brrr.analyze predicts which graphs will launch from the ops it traced)."""
+    return _UNCAPTURABLE.get(_short(op))
+
+
+def uncapturable_call(op, args, kwargs):
+    """Why this call of the ATen op named `op` cannot be captured (uncapturable, or attention with dropout), or
+    None."""
+    return uncapturable(op) or (DROPOUT_RNG if dropout_on(_short(op), args, kwargs) else None)
 
 
 # ops that pass a host tensor on as a host tensor: what they make is still only the input, moved or viewed
@@ -120,9 +135,8 @@ def host_copies(gm):
         name = op_name(node.target)
         if name in _UNCAPTURABLE:
             blockers.append(f"aten.{name} {_UNCAPTURABLE[name]}")
-        elif _dropout_on(node):
-            blockers.append(f"aten.{name} with dropout keeps its RNG state on the host only when launched (its "
-                            f"backward reads it there)")
+        elif dropout_on(name, node.args, node.kwargs):
+            blockers.append(f"aten.{name} {DROPOUT_RNG}")
     for position, node in enumerate(placeholders):
         if not _on_host(node):
             continue
