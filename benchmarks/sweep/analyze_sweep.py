@@ -2,7 +2,8 @@
 its measurement, the prediction errors per remedy kind, and the calibration the analyzer learns from them.
 
     PYTHONPATH=$PWD python3 benchmarks/sweep/analyze_sweep.py --per-family 8 --gpus 4 --out $OUT/analyze \
-        [--configs a,b] [--remedies compile,cuda-graphs] [--previous FILE] [--budget-s S] [--timeout-s S]
+        [--configs a,b | --configs-from FILE] [--remedies compile,cuda-graphs] [--previous FILE] [--budget-s S]
+        [--timeout-s S]
 
 Each configuration runs in a process of its own (a crash, a hang or an out-of-memory loses that one only), on one
 GPU and one share of the CPUs, in its sweep precision (amp: the forward under bf16 autocast). The analysis is
@@ -262,6 +263,7 @@ def run_one(args, config, env, cpus):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", help="comma-separated sweep configuration names (default: --per-family of each)")
+    p.add_argument("--configs-from", help="the configurations of an earlier results JSON (to measure them again)")
     p.add_argument("--per-family", type=int, default=8)
     p.add_argument("--remedies", help="remedy kinds to apply (default: all)")
     p.add_argument("--gpus", type=int, default=1)
@@ -294,6 +296,8 @@ def main(argv=None):
         earlier = json.loads(Path(args.previous).read_text())
         previous = [dict(r, commit=r.get("commit", earlier["environment"]["commit"])) for r in earlier["rows"]]
     done = {r["config"] for r in previous if "error" not in r}   # measured before: not run again unless named
+    if args.configs_from:   # the configurations of an earlier results file, failed ones too: the same set again
+        args.configs = ",".join(r["config"] for r in json.loads(Path(args.configs_from).read_text())["rows"])
     configs = pick(catalog.all_configs(), args.per_family, args.configs.split(",") if args.configs else None)
     if not args.configs:
         configs = [c for c in configs if c.name not in done]
