@@ -162,7 +162,7 @@ def _run_alone(op, device, settings):
         return _median_seconds(lambda: op.func(*args, **kwargs), device)
 
 
-def _median_seconds(fn, device, runs=5):
+def _median_seconds(fn, device, runs=3):
     fn()
     if device.type == "cuda":
         from triton.testing import do_bench
