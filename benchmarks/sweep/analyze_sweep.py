@@ -107,6 +107,7 @@ def child(name, device_name, quick, remedy_kinds):
            "wall_time_s": analysis.wall_time_s, "regimes": analysis.regimes,
            "graphs": None if structure is None else {"graphs": structure.graphs, "breaks": structure.breaks,
                                                      "guards": structure.guards},
+           "op_classes": {k: v["time_s"] for k, v in analysis.op_classes.items()},
            "baseline_s": analysis.verify["baseline_s"], "remedies": analysis.verify["remedies"],
            "predictions": {kind: p.to_dict() for kind, p in analysis.predictions.items()},
            "advice": [{k: a.get(k) for k in ("kind", "basis", "measured_saving_s", "predicted_saving_s")}

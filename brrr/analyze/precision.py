@@ -264,6 +264,11 @@ def mode_step_seconds(mode, records, ceilings, wall_s, busy_s, split):
            f"{min(busy_s, wall_s) * 1e3:.3g} -> {mode_device * 1e3:.3g} ms")
     if mode_host is not None:
         how += f", host {host * 1e3:.3g} -> {mode_host * 1e3:.3g} ms"
+    by_class = {}   # where the mode's device time goes, for the sweep's records: contractions, casts, the rest
+    for m in mode.records:
+        if m.index in device:
+            key = "cast" if matched.get(m.index) is None and m.name in CASTS else m.op_class
+            by_class[key] = by_class.get(key, 0.0) + device[m.index] * scale
     parts = (("device_s", mode_device), ("host_s", mode_host), ("timed_calls", len(mode.timed)),
-             ("inserted_ops", inserted))
+             ("inserted_ops", inserted)) + tuple((f"device_{key}_s", v) for key, v in sorted(by_class.items()))
     return max(step, 0.0), how, parts

@@ -67,6 +67,8 @@ def test_a_device_bound_step_gets_its_timed_contractions_and_pays_its_casts_byte
     predicted, _, parts = mode_step_seconds(_bf16_mode(records, 0.2e-3), records, ceilings, wall, busy,
                                             {"overhead": 15e-6})
     assert dict(parts)["device_s"] == pytest.approx(20 * (0.2e-3 + CAST_S))
+    assert dict(parts)["device_contraction_s"] == pytest.approx(20 * 0.2e-3)
+    assert dict(parts)["device_cast_s"] == pytest.approx(20 * CAST_S)
     assert predicted == pytest.approx(20 * (0.2e-3 + CAST_S) + 15e-6)
     # once the device is faster than the host's launches, the host paces the step
     predicted, _, _ = mode_step_seconds(_bf16_mode(records, 1e-6), records, ceilings, wall, busy, {"overhead": 0})
