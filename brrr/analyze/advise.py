@@ -192,10 +192,15 @@ PRECISION_MODES = {  # key -> (byte scale of the operands, how to turn it on)
 CUBLAS_MATMULS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "matmul", "_addmm_activation")
 
 
+def fp32_contractions(records, cublas_only=False):
+    """The step's fp32 contractions that do work (`cublas_only`: the cuBLAS matmuls, what TF32 reaches)."""
+    return [r for r in records if r.contraction and r.dtype == torch.float32 and r.flops > 0
+            and (not cublas_only or short_name(r.name) in CUBLAS_MATMULS)]
+
+
 def _fp32_contractions(records):
     """fp32 matmul-family ops that are not launch-bound: a faster roof does not shorten a launch."""
-    return [r for r in records if r.contraction and r.dtype == torch.float32 and r.flops > 0
-            and r.regime != "overhead"]
+    return [r for r in fp32_contractions(records) if r.regime != "overhead"]
 
 
 def _current_mode(ceilings, tf32_enabled):

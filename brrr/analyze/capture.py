@@ -161,6 +161,11 @@ class _Call:
         return group
 
 
+def launches_kernel(record):
+    """Whether the op costs a launch: views and metadata ops (no FLOPs, no bytes) launch nothing."""
+    return record.kernel or bool(record.flops or record.bytes_read or record.bytes_written)
+
+
 _MARKED = 64
 _MARKS = tuple((_TENSOR, group) for group in range(_MARKED))  # shared markers: no tuple per tensor
 

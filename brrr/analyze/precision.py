@@ -21,15 +21,16 @@ softmaxes reading bf16, a launch and a dispatch per cast). So, per mode:
   measured, and a device-bound one gets its contractions' gain until its host paces it.
 """
 
-import statistics
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
-from brrr.analyze.capture import _RawOp, _thaw, record_step
-from brrr.cost.device import synchronize
+from brrr.analyze.advise import fp32_contractions
+from brrr.analyze.capture import _RawOp, _thaw, launches_kernel, record_step
+from brrr.analyze.regimes import time_scale
+from brrr.cost.device import median_time
 from brrr.cost.ops import written_arguments
 
 HOST_BOUND_SHARE = 0.25  # a step whose device idles this share of the wall time is paced by its host
@@ -63,14 +64,6 @@ class ModeStep:
     same_ops: bool = False        # the mode runs the analyzed step's ops one to one (tf32)
 
 
-def fp32_contractions(records, cublas_only=False):
-    """The step's fp32 contractions that do work (for TF32: cuBLAS matmuls only; see advise.CUBLAS_MATMULS)."""
-    from brrr.analyze.advise import CUBLAS_MATMULS, short_name
-
-    return [r for r in records if r.contraction and r.dtype == torch.float32 and r.flops > 0
-            and (not cublas_only or short_name(r.name) in CUBLAS_MATMULS)]
-
-
 # ------------------------------------------------------------------------------------------------ measuring
 
 def measure_modes(step, records, raw, device, tf32_enabled):
@@ -80,9 +73,9 @@ def measure_modes(step, records, raw, device, tf32_enabled):
     modes = {}
     if any(r.kernel for r in records) or _compiled(step.model):
         return modes   # compiled code: its kernels run outside the traced ops, and autocast would recompile it
-    if device.type == "cuda" and not tf32_enabled and fp32_contractions(records, cublas_only=True):
-        timed = time_contractions(raw, [r.index for r in fp32_contractions(records, cublas_only=True)], records,
-                                  device, tf32_matmuls)
+    matmuls = fp32_contractions(records, cublas_only=True)
+    if device.type == "cuda" and not tf32_enabled and matmuls:
+        timed = time_contractions(raw, [r.index for r in matmuls], records, device, tf32_matmuls)
         modes["tf32"] = ModeStep("tf32", records, timed, same_ops=True)
     if fp32_contractions(records):
         try:
@@ -162,36 +155,21 @@ def _run_alone(op, device, settings):
         return _median_seconds(lambda: op.func(*args, **kwargs), device)
 
 
-def _median_seconds(fn, device, runs=3):
-    fn()
-    if device.type == "cuda":
-        from triton.testing import do_bench
-
-        return do_bench(fn, warmup=2, rep=10, return_mode="median") / 1e3
-    times = []
-    for _ in range(runs):
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _median_seconds(fn, device):
+    return median_time(fn, device, reps=3, rep_ms=10, warmup_ms=2)
 
 
 # ------------------------------------------------------------------------------------------------ pricing
-
-def _launches(record):
-    return record.kernel or bool(record.flops or record.bytes_read or record.bytes_written)
-
 
 def align(records, mode_records):
     """For each mode record, the index of the analyzed record it stands for, or None for an op the analyzed step
     did not run (a cast autocast inserted). Launching ops only (views move nothing); in order, greedily: the
     same op name matches, a cast the analyzed step has not here is inserted, and any other op is looked for
     LOOKAHEAD ops ahead, the analyzed ops skipped on the way left unmatched."""
-    analyzed = [r for r in records if _launches(r)]
+    analyzed = [r for r in records if launches_kernel(r)]
     matched, i = {}, 0
     for m in mode_records:
-        if not _launches(m):
+        if not launches_kernel(m):
             continue
         if i < len(analyzed) and analyzed[i].name == m.name:
             matched[m.index], i = analyzed[i].index, i + 1
@@ -213,11 +191,11 @@ def mode_device_times(mode, records, matched, ceilings):
     """Device seconds per launching op of the mode's step, keyed by its index (see the module docstring)."""
     by_index = {r.index: r for r in records}
     # a kernel's fixed device cost: the shortest memory-bound op the step ran
-    shortest = min((r.time_s for r in records if r.time_s > 0 and _launches(r) and not r.contraction), default=0.0)
+    shortest = min((r.time_s for r in records if r.time_s > 0 and launches_kernel(r) and not r.contraction), default=0.0)
     bandwidth = ceilings.bandwidth * COPY_FRACTION
     times = {}
     for m in mode.records:
-        if not _launches(m):
+        if not launches_kernel(m):
             continue
         was = by_index.get(m.index) if mode.same_ops else by_index.get(matched.get(m.index))
         if m.index in mode.timed:
@@ -243,11 +221,10 @@ def mode_device_times(mode, records, matched, ceilings):
 def mode_step_seconds(mode, records, ceilings, wall_s, busy_s, split):
     """(predicted step seconds in the mode, how, parts), or None for a step with no ATen op (see the module
     docstring)."""
-    analyzed = [r for r in records if _launches(r) and not r.kernel]
+    analyzed = [r for r in records if launches_kernel(r) and not r.kernel]
     if not analyzed:
         return None
-    total = sum(r.time_s for r in records)
-    scale = min(busy_s, wall_s) / total if total > 0 else 0.0   # traced op times -> the plain step's busy time
+    scale = time_scale(records, wall_s, busy_s)   # traced op times -> the plain step's busy time
     matched = {r.index: r.index for r in records} if mode.same_ops else align(records, mode.records)
     device = mode_device_times(mode, records, matched, ceilings)
     mode_device = sum(device.values()) * scale

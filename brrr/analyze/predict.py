@@ -40,7 +40,9 @@ kind from earlier measurements; the figures here are the uncalibrated ones.
 from dataclasses import dataclass
 
 from brrr.analyze.advise import FUSIBLE_CLASSES, fusion_bytes_saved, linked_groups, precision_seconds
+from brrr.analyze.capture import launches_kernel
 from brrr.analyze.precision import mode_step_seconds
+from brrr.analyze.regimes import time_scale
 from brrr.compile.runtime import host_copies
 
 REMEDY_KINDS = ("compile", "cuda-graphs", "inductor", "bf16", "tf32", "channels-last", "batch")
@@ -77,11 +79,6 @@ class Prediction:
                 "parts": dict(self.parts)}
 
 
-def launches_kernel(record):
-    """Whether the op costs a launch: views and metadata ops (no FLOPs, no bytes) launch nothing."""
-    return record.kernel or bool(record.flops or record.bytes_read or record.bytes_written)
-
-
 def compiler_groups(records):
     """Kernels a fusing compiler would make of the memory-bound ops: lists of records, singletons included.
 
@@ -96,17 +93,10 @@ def compiler_groups(records):
     return linked_groups(records, all_readers_fuse)
 
 
-def _time_scale(records, wall_time_s, busy_time_s):
-    """Traced op times -> the plain step's busy time (capped at the wall time), as regimes.run_split does."""
-    total = sum(r.time_s for r in records)
-    busy = min(max(busy_time_s, 0.0), max(wall_time_s, 0.0))
-    return busy / total if total > 0 else 0.0
-
-
 def compiled_program(records, ceilings, wall_time_s, busy_time_s, groups=None):
     """(device seconds, kernel launches) of the step as a fusing compiler would run it (`groups`: its
     compiler_groups, when known)."""
-    scale = _time_scale(records, wall_time_s, busy_time_s)
+    scale = time_scale(records, wall_time_s, busy_time_s)
     groups = compiler_groups(records) if groups is None else groups
     grouped = {r.index for g in groups for r in g}
     device = sum(r.time_s for r in records if r.index not in grouped) * scale
@@ -222,7 +212,7 @@ def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=Fals
         else:
             preds[key] = Prediction(key, wall, "no fp32 matmul-family op to speed up (or the mode is on): no change",
                                     1.0)
-    conv_saved = _channels_last_seconds(records) * _time_scale(records, wall, busy_time_s)
+    conv_saved = _channels_last_seconds(records) * time_scale(records, wall, busy_time_s)
     if any("convolution" in r.name for r in records):
         preds["channels-last"] = Prediction("channels-last", max(wall - conv_saved, 0.0),
                                             f"convolutions {conv_saved * 1e3:.3g} ms faster at the step's best "

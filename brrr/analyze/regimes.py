@@ -75,6 +75,15 @@ def dominant_regime(seconds_by_regime):
     return best if seconds_by_regime.get(best, 0.0) > 0 else "overhead"
 
 
+def time_scale(records, wall_time_s, busy_time_s=None):
+    """The factor from traced op times to the plain step's busy time (all op time when None), capped at the wall
+    time."""
+    op_total = sum(r.time_s for r in records)
+    busy = op_total if busy_time_s is None else busy_time_s
+    busy = min(max(busy, 0.0), max(wall_time_s, 0.0))
+    return busy / op_total if op_total > 0 else 0.0
+
+
 def run_split(records, wall_time_s, busy_time_s=None):
     """Seconds of compute, bandwidth and overhead in the step; they add up to `wall_time_s`.
 
@@ -83,10 +92,7 @@ def run_split(records, wall_time_s, busy_time_s=None):
     overhead is the rest: the device idling on the host (wall - busy) plus overhead-regime ops.
     """
     wall = max(wall_time_s, 0.0)
-    op_total = sum(r.time_s for r in records)
-    busy = op_total if busy_time_s is None else busy_time_s
-    busy = min(max(busy, 0.0), wall)
-    scale = busy / op_total if op_total > 0 else 0.0
+    scale = time_scale(records, wall, busy_time_s)
     split = {k: scale * sum(r.time_s for r in records if r.regime == k) for k in ("compute", "bandwidth")}
     split["overhead"] = max(wall - split["compute"] - split["bandwidth"], 0.0)
     return split

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from brrr.analyze import calibration
-from brrr.analyze.advise import advice_item
-from brrr.analyze.precision import fp32_contractions, tf32_matmuls
+from brrr.analyze.advise import advice_item, fp32_contractions
+from brrr.analyze.precision import tf32_matmuls
 from brrr.analyze.progress import step_bar
 from brrr.analyze.step import Step
 from brrr.analyze.timing import dynamo_frames_compiled, timed_runs

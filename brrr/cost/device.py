@@ -134,12 +134,12 @@ def time_once(fn, device):
     return time.perf_counter() - start
 
 
-def _median_time(fn, device, reps, rep_ms=100):
+def median_time(fn, device, reps, rep_ms=100, warmup_ms=25):
     """Median seconds of fn(): CUDA events via triton's do_bench on GPU, perf_counter on CPU."""
     if device.type == "cuda":
         from triton.testing import do_bench
 
-        return do_bench(fn, warmup=25, rep=rep_ms, return_mode="median") / 1e3
+        return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") / 1e3
     fn()
     times = []
     for _ in range(reps):
@@ -160,7 +160,7 @@ def measure_bandwidth(device):
     numel = COPY_NUMEL if device.type == "cuda" else 2**24
     x = torch.randn(numel, device=device)
     y = torch.empty_like(x)
-    seconds = _median_time(lambda: y.copy_(x), device, reps=10)
+    seconds = median_time(lambda: y.copy_(x), device, reps=10)
     return 2 * x.numel() * x.element_size() / seconds
 
 
@@ -177,7 +177,7 @@ def measure_matmul(device, key):
     try:
         # Short bursts: 100 ms of back-to-back bf16 matmuls measured 680 TFLOP/s on the H100, short bursts
         # about 790 (KINDS.md); sustained load likely lowers the clocks, and models run matmuls in bursts.
-        seconds = _median_time(lambda: torch.mm(a, b), device, reps=3, rep_ms=30)
+        seconds = median_time(lambda: torch.mm(a, b), device, reps=3, rep_ms=30)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
     return 2 * n**3 / seconds
@@ -206,7 +206,7 @@ def measure_vector_fp32(device, matmul_fp32):
     numel, iters, block = 2**24, 512, 1024
     x = torch.randn(numel, device=device)
     out = torch.empty_like(x)
-    seconds = _median_time(lambda: kernel[(numel // block,)](x, out, ITERS=iters, BLOCK=block), device, reps=10)
+    seconds = median_time(lambda: kernel[(numel // block,)](x, out, ITERS=iters, BLOCK=block), device, reps=10)
     return 2 * iters * numel / seconds
 
 
