@@ -299,28 +299,31 @@ def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, matmul_temp
             fallbacks.log("graph", "dynamo", "symbolic sizes", f"{type(e).__name__}: {str(e)[:200]}")
             compiled = None
         if compiled is not None:
-            return compiled if _sink is not None else _fastest(compiled, eager_forward, example_inputs, True)
+            return compiled if _sink is not None else _fastest(compiled, eager_forward, example_inputs, True,
+                                                               cuda_graphs)
     if reason == SYMBOLIC and _sink is None and device_refusal(gm, example_inputs) is None:
         return _fastest(PerShape(gm, functools.partial(_compile_static, eager_forward=eager_forward,
                                                        cuda_graphs=cuda_graphs, matmul_templates=matmul_templates,
                                                        recompute=recompute),
-                                 eager_forward), eager_forward, example_inputs, True)
+                                 eager_forward), eager_forward, example_inputs, True, cuda_graphs)
     if reason:
         return _dynamo_graph_fallback(reason, eager_forward, _sink)
     compiled = _compile_static(gm, example_inputs, eager_forward, cuda_graphs, _sink, matmul_templates,
                                recompute=recompute)
-    return compiled if _sink is not None else _fastest(compiled, eager_forward, example_inputs, False)
+    return compiled if _sink is not None else _fastest(compiled, eager_forward, example_inputs, False, cuda_graphs)
 
 
-def _fastest(compiled, eager_forward, example_inputs, per_shape):
+def _fastest(compiled, eager_forward, example_inputs, per_shape, cuda_graphs="auto"):
     """`compiled`, or where the floor times it against the graph as captured (runtime/captured_choice.py), the
-    two behind one callable that keeps the faster."""
+    two behind one callable that keeps the faster (and with any cuda_graphs but "fastest", only where the
+    captured calls' memory allows)."""
     from brrr.compile.runtime import captured_choice
 
     devices = {a.device.type for a in example_inputs if isinstance(a, torch.Tensor)}
     if compiled is eager_forward or not captured_choice.enabled(devices):
         return compiled
-    return captured_choice.CompiledOrCaptured(compiled, eager_forward, per_shape)
+    return captured_choice.CompiledOrCaptured(compiled, eager_forward, per_shape,
+                                              memory_bound=cuda_graphs != "fastest")
 
 
 def _with_layouts(partition):

@@ -4,12 +4,19 @@ either way."""
 
 import contextlib
 import copy
+import functools
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from brrr.compile.runtime import captured_choice, kernel_registry
+from brrr.compile.backend import brrr_backend
 from tests.compile.helpers import compiled
+
+
+def brrr_backend_with(**options):
+    return functools.partial(brrr_backend, **options)
 
 
 def block(x, w):
@@ -107,3 +114,61 @@ def test_training_steps_stay_equal_to_eager_through_the_trial_and_after(clock_of
             p.grad = q.grad = None
     [decision] = captured_choice.DECISIONS
     assert decision.captured is captured_faster
+
+
+def pointwise_chain():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Sigmoid(), torch.nn.SiLU(),
+                               torch.nn.Linear(64, 16))
+
+
+@pytest.mark.parametrize("allocated, tried", [(0, False), (1 << 40, True)])
+def test_a_training_graph_whose_captured_calls_would_hold_too_much_runs_compiled_untimed(
+        clock_of, monkeypatch, allocated, tried):
+    """Eager's ops save more for the backward than brrr's forward here (every pointwise op's result, where brrr
+    saves the first and recomputes the rest): beside nothing else allocated that is over MEMORY_MARGIN, and the
+    captured calls never run; beside a large allocation it is within it, and the trial runs as before. Steps
+    equal eager's either way."""
+    clock_of(LaunchClock(5.0, 3.0))   # the captured graph would win on time
+    monkeypatch.setattr(captured_choice, "MEMORY", lambda: allocated)
+    ran = []
+    make = captured_choice.CompiledOrCaptured.__init__
+
+    def counting(self, compiled, captured, *a, **k):   # real calls only: counting runs it on fake tensors
+        real = lambda *args: not isinstance(args[0], FakeTensor) and ran.append(1)   # noqa: E731
+        make(self, compiled, lambda *args: real(*args) or captured(*args), *a, **k)
+    monkeypatch.setattr(captured_choice.CompiledOrCaptured, "__init__", counting)
+    model = pointwise_chain()
+    reference = copy.deepcopy(model)
+    torch._dynamo.reset()
+    fn = compiled(model)
+    for _ in range(captured_choice.TRIAL_LENGTH + 3):
+        x = torch.randn(8, 16)
+        loss, expected = fn(x).square().mean(), reference(x).square().mean()
+        loss.backward()
+        expected.backward()
+        torch.testing.assert_close(loss, expected)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+            p.grad = q.grad = None
+    [decision] = captured_choice.DECISIONS
+    assert bool(ran) is tried
+    if tried:
+        assert decision.captured and decision.held is None
+    else:
+        now, brrr, eager = decision.held
+        assert now == 0 and eager > captured_choice.MEMORY_MARGIN * brrr > 0
+        assert (decision.compiled_s, decision.captured_s, decision.captured) == (None, None, False)
+        assert "as captured not tried" in str(decision)
+
+
+def test_with_cuda_graphs_fastest_time_alone_decides(clock_of, monkeypatch):
+    clock_of(LaunchClock(5.0, 3.0))
+    monkeypatch.setattr(captured_choice, "MEMORY", lambda: 0)
+    model = pointwise_chain()
+    torch._dynamo.reset()
+    fn = torch.compile(model, backend=brrr_backend_with(cuda_graphs="fastest"), dynamic=False)
+    for _ in range(captured_choice.TRIAL_LENGTH + 3):
+        fn(torch.randn(8, 16)).sum().backward()
+    [decision] = captured_choice.DECISIONS
+    assert decision.captured and decision.captured_s == 3.0

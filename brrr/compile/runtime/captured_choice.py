@@ -15,7 +15,15 @@ that graph's memory beside eager's activations. The captured graph is kept when 
 of the compiled one's. A graph called at several input shapes decides per shape (MAX_SHAPES; past them a new
 shape runs compiled). Every verdict is logged (`DECISIONS`); `brrr explain` lists them.
 
-`CLOCK`, where set (tests), replaces the GPU's synchronization and the host's clock.
+Memory. Eager's ops save what eager saves for the backward, often far more than brrr's forward (a DistilBERT amp
+step's captured calls peaked at eager's 3198 MiB, the whole run at 1.31x Inductor's; benchmarks/NOTES.md). So
+before a training graph's first captured call, both ways' held bytes are counted on fake tensors
+(held_for_backward.py); where the memory allocated now plus eager's would exceed MEMORY_MARGIN (replay_choice.py)
+of it plus brrr's, the graph runs compiled without the captured calls ever running. With cuda_graphs="fastest"
+time alone decides.
+
+`CLOCK`, where set (tests), replaces the GPU's synchronization and the host's clock; `MEMORY` the device's
+allocated bytes.
 """
 
 import os
@@ -24,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from brrr.compile.runtime.replay_choice import TRIAL_CALLS
+from brrr.compile.runtime.held_for_backward import graph_constants, held_bytes
+from brrr.compile.runtime.replay_choice import MEMORY_MARGIN, TRIAL_CALLS
 
 SAMPLES = 5
 SETTLE_CALLS = TRIAL_CALLS   # compiled calls before its periods: its replay trial past its first call, one more
@@ -33,19 +42,26 @@ MARGIN = 0.97        # the captured graph must save 3%: brrr's kernels are not g
 MAX_SHAPES = 8
 
 CLOCK = None         # a stand-in with now() and sync() (tests)
+MEMORY = None        # a stand-in for the device's allocated bytes now (tests)
 DECISIONS = []
 
 
 @dataclass(frozen=True)
 class Decision:
-    compiled_s: float
-    captured_s: float
+    compiled_s: float | None   # None: decided by memory, nothing timed
+    captured_s: float | None
     captured: bool
     shapes: tuple = ()
+    held: tuple | None = None  # (allocated before the call, held by brrr's call, held by eager's), bytes
 
     def __str__(self):
         way = "runs as Dynamo captured it (eager's ops)" if self.captured else "runs compiled"
         at = f" at shapes {', '.join(map(str, self.shapes))}" if self.shapes else ""
+        if self.captured_s is None:
+            now, brrr, eager = (b / 2**20 for b in self.held)
+            return (f"graph{at} {way}, as captured not tried: eager's ops would hold {eager:.0f} MiB for the "
+                    f"backward against brrr's {brrr:.0f} MiB, beside {now:.0f} MiB allocated (more than "
+                    f"{MEMORY_MARGIN - 1:.0%} over)")
         return (f"graph{at} {way}: a call's period {self.compiled_s * 1e6:.0f} us compiled, "
                 f"{self.captured_s * 1e6:.0f} us as captured")
 
@@ -68,10 +84,12 @@ class _Trial:
 
 class CompiledOrCaptured:
     """Calls `compiled` or `captured` (the same graph, same arguments), whichever measured faster. `per_shape`:
-    the graph has symbolic sizes, and each shape it is called at decides for itself."""
+    the graph has symbolic sizes, and each shape it is called at decides for itself. `memory_bound`: a training
+    graph whose captured calls would hold more than MEMORY_MARGIN runs compiled untimed."""
 
-    def __init__(self, compiled, captured, per_shape=False):
+    def __init__(self, compiled, captured, per_shape=False, memory_bound=True):
         self.compiled, self.captured, self.per_shape = compiled, captured, per_shape
+        self.memory_bound = memory_bound
         self.trials = {}
         self.chosen = None   # a static graph's verdict: the callable that runs from then on
 
@@ -105,8 +123,32 @@ class CompiledOrCaptured:
         if settling:
             return self.compiled(*args)
         captured = n <= 1 + SAMPLES
+        if n == 2 and self.memory_bound and self._holds_too_much(args):
+            trial.verdict = False
+            if not self.per_shape:
+                self.chosen = self.compiled
+            return self.compiled(*args)
         trial.open = (now, captured)
         return self.captured(*args) if captured else self.compiled(*args)
+
+    def _holds_too_much(self, args):
+        """Whether eager's ops, on `args`, would hold more for the backward than MEMORY_MARGIN allows beside
+        brrr's call (logged as the verdict when so). Only a training call (grad on, an input needing it) of a
+        compiled callable that can run on fake tensors (brrr's lean training runtime) is counted."""
+        if getattr(self.compiled, "_brrr_lean", None) != "training" or not torch.is_grad_enabled() or \
+                not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return False
+        eager = held_bytes(self.captured, args, graph_constants(self.captured))
+        brrr = held_bytes(self.compiled, args) if eager is not None else None
+        if eager is None or brrr is None:
+            return False
+        now = MEMORY() if MEMORY is not None else _allocated(args)
+        if now + eager <= MEMORY_MARGIN * (now + brrr):
+            return False
+        shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)) if self.per_shape else ()
+        DECISIONS.append(Decision(None, None, False, shapes, (now, brrr, eager)))
+        del DECISIONS[:-1000]
+        return True
 
     def _trial(self, args):
         key = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)) if self.per_shape else ()
@@ -125,6 +167,11 @@ class CompiledOrCaptured:
         if not self.per_shape:
             self.chosen = chosen
         return chosen(*args)
+
+
+def _allocated(args):
+    device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+    return torch.cuda.memory_allocated(device) if device is not None else 0
 
 
 def enabled(devices):

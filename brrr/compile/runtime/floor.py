@@ -204,7 +204,7 @@ class _Timed:
         return out
 
 
-class _KeptRandom:
+class KeptRandom:
     """The RNG states of the CPU and the graph's GPU, restored on exit: measured calls draw nothing the user sees."""
 
     def __init__(self, device):
@@ -260,7 +260,7 @@ def settle(graph, args):
     """Measure `graph` (a verified CompiledGraph) on `args` (a list, or handed_over.HandedOver inputs: a fresh
     copy each run) and keep its fastest form; True when it changed."""
     try:
-        with _KeptRandom(graph.device):
+        with KeptRandom(graph.device):
             return _settle(graph, args)
     except Exception as e:
         if debugging() or is_out_of_memory(e):
