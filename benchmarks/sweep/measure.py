@@ -221,6 +221,7 @@ def measure_backend(backend, work, config, input_sets, cotangents, weights, refe
         row.update(_timed(step, device, warmup, rep, smoke))
         peaks = [first_peak, _peak(device)]
         row["peak_memory_bytes"] = max(peaks) if None not in peaks else None
+        row["first_call_peak_memory_bytes"] = first_peak   # compile, checks and the floor's timing
         row["steady_peak_memory_bytes"] = None
         if device.type == "cuda":
             _reset_peak(device)
