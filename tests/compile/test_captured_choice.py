@@ -93,13 +93,8 @@ def test_captured_calls_come_before_the_compiled_graph_settles_and_decide_once()
     assert ran[-1] == "compiled"
 
 
-@pytest.mark.parametrize("captured_faster", [True, False])
-def test_training_steps_stay_equal_to_eager_through_the_trial_and_after(clock_of, captured_faster):
-    """Steps run brrr's forward (its own backward) or the graph as captured (eager's autograd) during the trial:
-    every step's loss and gradients equal eager's, whichever way ran."""
-    clock_of(LaunchClock(5.0, 3.0) if captured_faster else LaunchClock(1.0, 4.0))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+def train_beside_eager(model):
+    """Steps through the trial and after, compiled beside an eager copy: every loss and gradient equal eager's."""
     reference = copy.deepcopy(model)
     torch._dynamo.reset()
     fn = compiled(model)
@@ -112,6 +107,16 @@ def test_training_steps_stay_equal_to_eager_through_the_trial_and_after(clock_of
         for p, q in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
             p.grad = q.grad = None
+
+
+@pytest.mark.parametrize("captured_faster", [True, False])
+def test_training_steps_stay_equal_to_eager_through_the_trial_and_after(clock_of, captured_faster):
+    """Steps run brrr's forward (its own backward) or the graph as captured (eager's autograd) during the trial:
+    every step's loss and gradients equal eager's, whichever way ran."""
+    clock_of(LaunchClock(5.0, 3.0) if captured_faster else LaunchClock(1.0, 4.0))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    train_beside_eager(model)
     [decision] = captured_choice.DECISIONS
     assert decision.captured is captured_faster
 
@@ -139,18 +144,7 @@ def test_a_training_graph_whose_captured_calls_would_hold_too_much_runs_compiled
         make(self, compiled, lambda *args: real(*args) or captured(*args), *a, **k)
     monkeypatch.setattr(captured_choice.CompiledOrCaptured, "__init__", counting)
     model = pointwise_chain()
-    reference = copy.deepcopy(model)
-    torch._dynamo.reset()
-    fn = compiled(model)
-    for _ in range(captured_choice.TRIAL_LENGTH + 3):
-        x = torch.randn(8, 16)
-        loss, expected = fn(x).square().mean(), reference(x).square().mean()
-        loss.backward()
-        expected.backward()
-        torch.testing.assert_close(loss, expected)
-        for p, q in zip(model.parameters(), reference.parameters()):
-            torch.testing.assert_close(p.grad, q.grad)
-            p.grad = q.grad = None
+    train_beside_eager(model)
     [decision] = captured_choice.DECISIONS
     assert bool(ran) is tried
     if tried:
