@@ -18,6 +18,12 @@ tensor saved for the backward.
 
 Applied where the logits are large (MIN_LOGITS_BYTES, upcast included): below that a one-kernel softmax over
 the stored logits costs less than a loop of chunks. Each rewrite is listed by `explain`.
+
+Under the caller's autocast (an amp training loop: `with torch.autocast(...)` around the compiled call) the
+linear runs in autocast's dtype and cross_entropy in float32, whatever the graph's values are. The rewrite then
+casts x, the weight and the bias to autocast's dtype itself and asks the op for a float32 loss, which is what
+autocast computes: a DistilBERT amp step held its bf16 logits, their float32 upcast and its gradient, 700 MiB
+over the step's saved tensors (benchmarks/NOTES.md). A graph that enters autocast itself is left alone.
 """
 
 import operator
@@ -46,10 +52,13 @@ class Rewrite:
     chunk_rows: int
     logits_bytes: int  # what the unfused chain held at once: logits, plus their upcast copy
     transposed: bool = False   # each chunk's logits made [vocab, rows]: a row of them is not 16-byte aligned
+    autocast: torch.dtype | None = None   # the caller's autocast dtype the operands were cast to
 
     def __str__(self):
         layout = (f"; logits made [{self.vocab}, rows], a row of {self.vocab} not being 16-byte aligned"
                   if self.transposed else "")
+        if self.autocast is not None:
+            layout += f"; operands cast to {str(self.autocast).replace('torch.', '')} as the caller's autocast does"
         return (f"{self.linear}: linear [{self.rows} x {self.hidden}] -> cross_entropy over {self.vocab} classes "
                 f"in chunks of {self.chunk_rows} rows; {self.logits_bytes / 2**20:.1f} MiB of logits never stored"
                 + layout)
@@ -129,8 +138,9 @@ def _keeps_rows(node, vocab):
             and out.dtype in FLOAT_DTYPES and out.numel() == src.numel())
 
 
-def _match(ce):
-    """(linear node, chain of nodes between it and `ce`, cross_entropy's arguments) or None."""
+def _match(ce, cast=False):
+    """(linear node, chain of nodes between it and `ce`, cross_entropy's arguments) or None. `cast`: the rewrite
+    casts the linear's operands (autocast), so they need not share a dtype."""
     args = _cross_entropy_args(ce)
     if args is None:
         return None
@@ -162,8 +172,8 @@ def _match(ce):
         return None
     if bias is not None and not (_static_tensor(bv) and bv.shape == (vocab,)):
         return None
-    if xv.dtype not in FLOAT_DTYPES or any(v.dtype != xv.dtype or v.device != xv.device
-                                          for v in (wv, bv) if v is not None):
+    if xv.dtype not in FLOAT_DTYPES or any((v.dtype != xv.dtype and not cast) or v.dtype not in FLOAT_DTYPES
+                                          or v.device != xv.device for v in (wv, bv) if v is not None):
         return None
     rows_of_x = torch.empty(xv.shape, device="meta")
     for index in slices:
@@ -173,32 +183,43 @@ def _match(ce):
     return node, chain, slices, args
 
 
-def _uses_autocast(gm):
-    """Whether autocast chooses the graph's dtypes: entered inside it, or around it while Dynamo traced (the
-    caller's `with torch.autocast(...)`: the op would then run on autocast's bf16 activations beside fp32 weights)."""
-    return torch._C._is_any_autocast_enabled() or \
-        any("autocast" in str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+def _enters_autocast(gm):
+    return any("autocast" in str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+
+
+def _autocast_dtype(device):
+    """The dtype the caller's autocast runs a linear in on `device`, or None where it is off there."""
+    kind = device.type
+    return torch.get_autocast_dtype(kind) if torch._C._is_any_autocast_enabled() and \
+        torch.is_autocast_enabled(kind) else None
 
 
 def fuse_linear_cross_entropy(gm):
     """Rewrite every linear -> cross_entropy of `gm` (a Dynamo GraphModule) that qualifies; returns the Rewrites."""
     from brrr.compile.matmul import linear_cross_entropy as op
 
-    if _uses_autocast(gm):   # the linear's dtype is autocast's choice, not the graph's values: leave it
+    if _enters_autocast(gm):   # autocast regions inside the graph choose dtypes op by op: leave it
         return []
     done = []
     for ce in list(gm.graph.nodes):
         if not (ce.op == "call_function" and ce.target in _CROSS_ENTROPY):
             continue
-        found = _match(ce)
+        found = _match(ce, cast=torch._C._is_any_autocast_enabled())
         if found is None:
             continue
         linear, chain, slices, args = found
         x, weight = linear.args[0], linear.args[1]
         bias = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
         xv, wv, bv, lv = _val(x), _val(weight), _val(bias), _val(args["input"])
+        cast = _autocast_dtype(xv.device)
+        if cast is None and any(v.dtype != xv.dtype for v in (wv, bv) if v is not None):
+            continue   # autocast is on for another device only: the operands keep their own, unequal dtypes
+        dtype = cast or xv.dtype   # what the linear computes in
+        size = torch.empty((), dtype=dtype).element_size()
         rows, hidden, vocab = lv.shape[0], wv.shape[1], wv.shape[0]
-        held = rows * vocab * (xv.element_size() + (lv.element_size() if lv.dtype != xv.dtype else 0))
+        # the logits, and the float32 copy cross_entropy makes of them (autocast's, or the chain's upcast)
+        upcast = 4 if cast is not None and dtype != torch.float32 else (lv.element_size() if lv.dtype != dtype else 0)
+        held = rows * vocab * (size + upcast)
         if held < MIN_LOGITS_BYTES:
             continue
         train = _val(ce).requires_grad   # Dynamo traced under grad mode, with some input requiring grad
@@ -209,6 +230,9 @@ def fuse_linear_cross_entropy(gm):
             for index in slices:   # logits[..., :-1, :] is linear(x[..., :-1, :])
                 x = g.call_function(operator.getitem, (x, index))
             flat = g.call_method("reshape", (x, rows, hidden))
+            if cast is not None:   # autocast's casts, made explicit: the op is not autocast's to cast
+                flat, weight = g.call_method("to", (flat, cast)), g.call_method("to", (weight, cast))
+                bias = g.call_method("to", (bias, cast)) if bias is not None else None
             options = (args["ignore_index"], args["reduction"], float(args["label_smoothing"]))
             if train:   # gradients computed in the forward, where each chunk's logits are at hand
                 fused = g.call_function(torch.ops.brrr.fused_linear_cross_entropy_with_grads.default,
@@ -220,9 +244,9 @@ def fuse_linear_cross_entropy(gm):
         ce.replace_all_uses_with(loss)
         for node in [ce, *chain, linear]:
             g.erase_node(node)
-        chunk = op.chunk_rows(rows, vocab, hidden, xv.element_size())
-        done.append(Rewrite(linear.name, rows, hidden, vocab, chunk, held,
-                            op.transposed_logits(vocab, xv.element_size())))
+        chunk = op.chunk_rows(rows, vocab, hidden, size)
+        done.append(Rewrite(linear.name, rows, hidden, vocab, chunk, held, op.transposed_logits(vocab, size),
+                            cast))
         REWRITES.append(done[-1])
         del REWRITES[:-1000]
     if done:
