@@ -117,3 +117,27 @@ def test_with_cached_verdicts_the_one_run_owns_the_callers_inputs(measured, monk
     torch.testing.assert_close(out, saved * grad)
     assert runs == [(True, id(saved))] and args == [] and not copies
     assert measured.runs == floor.KERNEL_SAMPLES   # the first graph's measurement only
+
+
+def test_views_of_one_buffer_share_one_copy_of_the_memory_they_span():
+    """q, k and v of one [rows, 3 * width] projection (interleaved views, each spanning nearly all of it) and a
+    tensor of its own: each run's copies hold the projection once, not three times, and equal the originals in
+    values, sizes, strides and offsets; a view of another dtype over the same memory is copied on its own."""
+    qkv = torch.randn(5, 3 * 4)
+    q, k, v = qkv.view(5, 3, 4).unbind(1)
+    other = torch.randn(7)
+    as_ints = qkv.view(torch.int32)[:, :2]
+    args = [q, k, 2, v, other, as_ints]
+    handed = handed_over.HandedOver(args)
+    for fresh in (handed.fresh(), handed.fresh()):
+        for got, want in zip(fresh, args):
+            if isinstance(want, torch.Tensor):
+                assert torch.equal(got, want) and got.stride() == want.stride() and got.dtype == want.dtype
+            else:
+                assert got == want
+        q2, k2, v2 = fresh[0], fresh[1], fresh[3]
+        assert q2.untyped_storage().data_ptr() == k2.untyped_storage().data_ptr() == v2.untyped_storage().data_ptr()
+        assert q2.untyped_storage().nbytes() <= qkv.untyped_storage().nbytes()
+        assert (k2.storage_offset() - q2.storage_offset(), v2.storage_offset() - q2.storage_offset()) == (4, 8)
+        assert fresh[5].untyped_storage().data_ptr() != q2.untyped_storage().data_ptr()
+        assert fresh[1].data_ptr() != k.data_ptr()   # copies, not the originals

@@ -8,6 +8,12 @@ those runs, the saved tensors made the first step the whole run's peak (ResNet-1
 against 866 once launched, benchmarks/NOTES.md). `HandedOver` keeps a copy of them on the host instead, and puts
 a fresh copy on the device before each run, which frees it at its last use. The host copy is made once, and
 only up to MAX_BYTES: past that, the inputs stay held as before.
+
+Inputs that are views of one buffer (an attention's q, k and v taken from one projection, a tensor saved beside
+a reshape of it) share one copy, as they share their memory: the span of the buffer they cover together, with each
+view rebuilt over it. Copied one by one, each interleaved view of a [rows, 3 * width] projection spans nearly all
+of it, and a transformer's first backward would hold its q, k and v three times over (BEiT training's first step
+peaked 920 MiB over its later ones, benchmarks/NOTES.md).
 """
 
 import torch
@@ -19,7 +25,39 @@ MAX_BYTES = 4 << 30   # device bytes of inputs kept on the host at most: a copy 
 
 
 def _device_bytes(args):
-    return sum(t.untyped_storage().nbytes() for t in args if isinstance(t, torch.Tensor) and t.device.type != "cpu")
+    storages = {(t.device, t.untyped_storage().data_ptr()): t.untyped_storage().nbytes()
+                for t in args if isinstance(t, torch.Tensor) and t.device.type != "cpu"}
+    return sum(storages.values())
+
+
+def _extent(t):
+    """Elements from t's first to its last in its storage (0 for an empty t)."""
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+
+
+def _shared_spans(args):
+    """{position: (group, offset)} and [(tensor spanning the group's memory, dtype)]: the tensors of `args` that
+    share a storage with another of the same dtype, grouped, each with its offset into its group's span."""
+    by_storage = {}
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.numel() and a.untyped_storage().nbytes():
+            by_storage.setdefault((a.device, a.untyped_storage().data_ptr(), a.dtype), []).append(i)
+    where, spans = {}, []
+    for members in by_storage.values():
+        if len(members) < 2:
+            continue
+        lo = min(args[i].storage_offset() for i in members)
+        hi = max(args[i].storage_offset() + _extent(args[i]) for i in members)
+        first = args[members[0]]
+        spans.append(first.as_strided((hi - lo,), (1,), lo))
+        for i in members:
+            where[i] = (len(spans) - 1, args[i].storage_offset() - lo)
+    return where, spans
+
+
+def _view(t, base, offset):
+    return torch.empty(0, dtype=t.dtype, device=base.device).set_(base.untyped_storage(), offset, t.size(),
+                                                                  t.stride())
 
 
 class HandedOver:
@@ -27,10 +65,14 @@ class HandedOver:
 
     def __init__(self, args):
         self.devices = [a.device if isinstance(a, torch.Tensor) else None for a in args]
+        self.where, spans = _shared_spans(args)
         # page-locked: the copies each way queue on the stream instead of waiting on it (a ConvNeXt training
         # step's first call spent ~10 s of a 96 s cold compile in 12533 pageable copies, benchmarks/NOTES.md)
-        self.host = [copy_keeping_layout(a, torch.device("cpu"), pinned=True) if isinstance(a, torch.Tensor) else a
-                     for a in args]
+        self.spans = [copy_keeping_layout(s, torch.device("cpu"), pinned=True) for s in spans]
+        self.span_devices = [s.device for s in spans]
+        self.host = [_view(a, self.spans[self.where[i][0]], self.where[i][1]) if i in self.where else
+                     copy_keeping_layout(a, torch.device("cpu"), pinned=True) if isinstance(a, torch.Tensor) else a
+                     for i, a in enumerate(args)]
 
     @classmethod
     def of(cls, args):
@@ -44,7 +86,10 @@ class HandedOver:
         return handed
 
     def fresh(self):
-        return [copy_keeping_layout(h, d) if d is not None else h for h, d in zip(self.host, self.devices)]
+        spans = [copy_keeping_layout(s, d) for s, d in zip(self.spans, self.span_devices)]
+        return [_view(h, spans[self.where[i][0]], self.where[i][1]) if i in self.where else
+                copy_keeping_layout(h, d) if d is not None else h
+                for i, (h, d) in enumerate(zip(self.host, self.devices))]
 
 
 def prepared(call, args):
