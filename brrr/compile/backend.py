@@ -280,7 +280,12 @@ def brrr_backend(gm, example_inputs, cuda_graphs="auto", _sink=None, matmul_temp
     A graph brrr cannot compile (GraphFallback) runs as Dynamo captured it: `gm.forward`, taken before any
     pass here changes the graph. A graph of symbolic sizes is compiled once, at those sizes (sizes.py), or, with
     `symbolic_sizes=False` or where that fails, once per shape (specialize.py)."""
-    eager_forward = gm.forward   # bound now: the passes below recompile gm, this keeps the captured code
+    # bound now, and to real code: the passes below recompile gm, and a lazy GraphModule's forward (Dynamo's)
+    # would run whatever they make of it (the captured trial ran the linear + cross-entropy rewrite as "eager")
+    realize = getattr(gm, "real_recompile", None)
+    if realize is not None:
+        realize()
+    eager_forward = gm.forward
     compile_workers.hash_triton_ahead()
     breaks = graph_breaks.note_graph(gm)
     if breaks and hasattr(_sink, "graph_breaks"):   # explain's sink lists them

@@ -3,6 +3,7 @@ reference, and the pass (passes/linear_cross_entropy.py) on compiled models agai
 
 import copy
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -508,3 +509,30 @@ def test_a_graph_entering_autocast_itself_is_left_alone(always):
     assert brrr.explain(model, ids, labels, train=True).linear_losses == []
     torch.testing.assert_close(brrr.compile(copy.deepcopy(model))(ids, labels), model(ids, labels),
                                rtol=2e-2, atol=2e-2)
+
+
+def test_the_graph_as_captured_keeps_dynamos_code_after_the_rewrite(always, monkeypatch):
+    """The floor's captured trial runs Dynamo's graph as captured: the original linear and cross_entropy, not
+    the rewritten graph (Dynamo's lazy GraphModule would run whatever the passes made of it)."""
+    from brrr.compile.runtime import captured_choice
+
+    monkeypatch.setattr(captured_choice, "CLOCK", SimpleNamespace(now=lambda: 0.0, sync=lambda: None))
+    made = []
+    monkeypatch.setattr(captured_choice, "CompiledOrCaptured",
+                        lambda compiled, captured, *a, **k: made.append(captured) or compiled)
+    heads, head = [], op._Head
+    monkeypatch.setattr(op, "_Head", lambda *a: heads.append(1) or head(*a))
+    torch.manual_seed(0)
+    model = TinyLM()
+    ids, labels = _ids()
+    torch._dynamo.reset()
+    loss = brrr.compile(copy.deepcopy(model))(ids, labels)
+    assert heads and len(made) == 1   # the compiled graph computes the loss through the fused op
+    heads.clear()
+    params = {f"modules_{k.replace('.', '_parameters_')}_": p for k, p in model.named_parameters()}
+    args = [ids if "ids" in n.name else labels if "labels" in n.name else
+            next(p for k, p in params.items() if n.name.endswith(k))
+            for n in made[0].__self__.graph.nodes if n.op == "placeholder"]
+    torch.testing.assert_close(made[0](*args)[0], model(ids, labels))
+    torch.testing.assert_close(loss, model(ids, labels))
+    assert not heads   # as captured: eager's ops, no fused op
