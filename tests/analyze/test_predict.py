@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from brrr.analyze.advise import advise, precision_advice
+from brrr.analyze.advise import advise, precision_advice, precision_seconds
 from brrr.analyze.calibration import MAX_SAMPLES, calibrate_advice, correction, load_table, record_ratios
 from brrr.analyze.predict import (COMPILED_CALL_S, FUSED_BANDWIDTH_FRACTION, INDUCTOR_KERNEL_S, compiled_program,
                                   compiler_groups, predict_steps)
@@ -139,8 +139,6 @@ def test_calibration_table_keeps_the_latest_ratios_and_corrects_by_their_median(
 
 
 def test_tf32_reaches_cublas_matmuls_only_while_bf16_autocast_reaches_every_contraction():
-    from brrr.analyze.advise import precision_seconds
-
     records = [make_record(0, "contraction", name="aten.mm.default", flops=10**9, bytes_read=MB, time_s=1e-4,
                            regime="compute"),
                make_record(1, "contraction", name="aten._scaled_dot_product_efficient_attention.default",
@@ -149,6 +147,17 @@ def test_tf32_reaches_cublas_matmuls_only_while_bf16_autocast_reaches_every_cont
     assert precision_seconds(records, ceilings, "tf32", tf32_enabled=False)[2] == 1
     assert precision_seconds(records, ceilings, "bf16", tf32_enabled=False)[2] == 2
     assert precision_seconds(records, ceilings, "tf32", tf32_enabled=True) is None  # on already
+
+
+def test_a_mode_priced_by_its_roofs_saves_the_plain_steps_share_of_its_traced_matmuls():
+    """Traced on a loaded host, the matmuls took 4 ms of a step whose plain run took 2 ms, all of it busy: the
+    saving is scaled to the plain step (half the traced time), never more than the step."""
+    records = [make_record(0, "contraction", name="aten.mm.default", flops=10**9, bytes_read=MB, time_s=4e-3,
+                           regime="compute")]
+    ceilings = make_ceilings()
+    old, new, _ = precision_seconds(records, ceilings, "bf16")
+    preds = predict_steps(records, ceilings, {"compute": 2e-3, "bandwidth": 0.0, "overhead": 0.0}, 2e-3, 2e-3)
+    assert 0 < preds["bf16"].step_s == pytest.approx(2e-3 - (old - new) / 2)
 
 
 def test_a_step_cut_into_many_graphs_pays_each_graphs_call_and_guards():
