@@ -12,8 +12,8 @@ only up to MAX_BYTES: past that, the inputs stay held as before.
 Inputs that are views of one buffer (an attention's q, k and v taken from one projection, a tensor saved beside
 a reshape of it) share one copy, as they share their memory: the span of the buffer they cover together, with each
 view rebuilt over it. Copied one by one, each interleaved view of a [rows, 3 * width] projection spans nearly all
-of it, and a transformer's first backward would hold its q, k and v three times over (BEiT training's first step
-peaked 920 MiB over its later ones, benchmarks/NOTES.md).
+of it, and a transformer's first backward held its q, k and v three times over: BEiT training's first step peaked
+at 3300 MiB against 2380 for its later ones, and at 2488-2600 MiB with one copy per buffer (benchmarks/NOTES.md).
 """
 
 import torch
