@@ -8,7 +8,10 @@ For each backend, in order (eager first: the reference and the base of every rat
 - the `do_bench` median of a call and the back-to-back time per call (`brrr.bench.timing`);
 - peak memory as the user sees it: `torch.cuda.max_memory_allocated` from before the first call to the end
   of timing, nothing subtracted (the harness keeps its references on the host, and judging is left out), and
-  the peak of one steady-state call.
+  the peak of one steady-state call; beside each, the allocator's reserved peak (`max_memory_reserved`), which
+  also counts memory a backend hands out without the allocator counting it as allocated (Inductor's
+  cudagraph trees build their replayed outputs over pool memory: their steady peak reads below the memory
+  allocated before they ran, benchmarks/NOTES.md).
 
 A call is one step: inference under `no_grad`, or a training step (forward, backward with fixed random
 cotangents; under amp the forward runs in `torch.autocast(bfloat16)` and a fused AdamW step follows the
@@ -147,6 +150,10 @@ def _peak(device):
     return int(torch.cuda.max_memory_allocated(device))
 
 
+def _peak_reserved(device):
+    return int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else None
+
+
 class Reference:
     """Eager's outputs and gradients per input set, and the precise copy's, on the host."""
 
@@ -212,21 +219,23 @@ def measure_backend(backend, work, config, input_sets, cotangents, weights, refe
         step.cycle()
         synchronize(device)
         row["first_call_s"] = time.perf_counter() - start
-        first_peak = _peak(device)
+        first_peak, first_reserved = _peak(device), _peak_reserved(device)
         if backend != "eager":
             row["error_vs_eager"], row["error_vs_reference"], wrong = reference.judge(step, weights, config.precision)
             if wrong:
                 row["status"], row["reason"] = "wrong", wrong
         _reset_peak(device)
         row.update(_timed(step, device, warmup, rep, smoke))
-        peaks = [first_peak, _peak(device)]
+        peaks, reserved = [first_peak, _peak(device)], [first_reserved, _peak_reserved(device)]
         row["peak_memory_bytes"] = max(peaks) if None not in peaks else None
+        row["peak_reserved_bytes"] = max(reserved) if None not in reserved else None
         row["first_call_peak_memory_bytes"] = first_peak   # compile, checks and the floor's timing
-        row["steady_peak_memory_bytes"] = None
+        row["steady_peak_memory_bytes"] = row["steady_peak_reserved_bytes"] = None
         if device.type == "cuda":
             _reset_peak(device)
             step.cycle()
             row["steady_peak_memory_bytes"] = _peak(device)
+            row["steady_peak_reserved_bytes"] = _peak_reserved(device)
         if profile:
             row["kernels"] = top_kernels(step.cycle, device)
     except Exception as exc:   # one backend's failure is its row's, never the configuration's

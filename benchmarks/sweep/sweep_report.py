@@ -46,9 +46,9 @@ def ratios(entry):
     return out
 
 
-def memory_ratio(entry):
+def memory_ratio(entry, peer="inductor", field="peak_memory_bytes"):
     rows = entry.get("rows", {})
-    b, i = (rows.get(k, {}).get("peak_memory_bytes") for k in ("brrr", "inductor"))
+    b, i = (rows.get(k, {}).get(field) for k in ("brrr", peer))
     return b / i if b and i else None
 
 
@@ -81,6 +81,11 @@ def summarize(results):
     failed = sorted(n for n, e in configs.items() if e["rows"].get("brrr", {}).get("status") != "ok")
     summary.update(slower_than_eager=slower, behind_best_inductor=behind, brrr_not_ok=failed)
     summary["training_memory_ratio"] = {n: memory_ratio(e) for n, e in configs.items() if e["train"]}
+    # against reduce-overhead, allocated and reserved: its cudagraph trees hand out pool memory the allocator does
+    # not count as allocated, which the reserved peak does count
+    summary["training_memory_over_reduce_overhead"] = {
+        kind: geomean([memory_ratio(e, "inductor-reduce-overhead", field) for e in configs.values() if e["train"]])
+        for kind, field in (("allocated", "peak_memory_bytes"), ("reserved", "peak_reserved_bytes"))}
     summary["worst"] = [{"name": n, "brrr_over_best_inductor": ratios(configs[n])["best_inductor"],
                          "best_inductor_mode": better_inductor(configs[n]["rows"])[0],
                          "kernels": configs[n].get("kernels")} for n in ranked(results)[:WORST]]
@@ -136,7 +141,10 @@ def summary_lines(results, summary=None):
               f"- brrr failed or wrong: {len(s['brrr_not_ok'])}"
               + (f" ({', '.join(s['brrr_not_ok'])})" if s["brrr_not_ok"] else ""),
               f"- training peak memory, brrr / Inductor default: median {_fmt(_median(mem))}x, "
-              f"max {_fmt(max(mem) if mem else None)}x over {len(mem)} configurations"]
+              f"max {_fmt(max(mem) if mem else None)}x over {len(mem)} configurations",
+              "- training peak memory, brrr / Inductor reduce-overhead (geometric mean): allocated "
+              f"{_fmt(s['training_memory_over_reduce_overhead']['allocated'])}x, reserved "
+              f"{_fmt(s['training_memory_over_reduce_overhead']['reserved'])}x"]
     return lines
 
 

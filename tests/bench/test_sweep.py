@@ -172,16 +172,18 @@ def test_peer_cache_is_reused_scaled_and_invalidated_by_versions_or_gpu(catalog,
     assert peers.PeerCache(tmp_path / "torn.json").entries == {}         # a torn file is not trusted
 
 
-def _row(backend, ms, status="ok", peak=None):
-    return {"backend": backend, "status": status, "median_s": ms / 1e3, "peak_memory_bytes": peak}
+def _row(backend, ms, status="ok", peak=None, reserved=None):
+    return {"backend": backend, "status": status, "median_s": ms / 1e3, "peak_memory_bytes": peak,
+            "peak_reserved_bytes": reserved}
 
 
 def test_report_compares_with_the_better_inductor_mode_and_counts_what_the_issue_asks(tmp_path):
     report = load("sweep", "sweep_report")
     configs = {
-        "a": {"status": "ok", "train": True, "rows": {"eager": _row("eager", 10), "brrr": _row("brrr", 5, peak=200),
-                                                      "inductor": _row("inductor", 8, peak=100),
-                                                      "inductor-reduce-overhead": _row("inductor-reduce-overhead", 4)}},
+        "a": {"status": "ok", "train": True, "rows": {
+            "eager": _row("eager", 10), "brrr": _row("brrr", 5, peak=200, reserved=300),
+            "inductor": _row("inductor", 8, peak=100),
+            "inductor-reduce-overhead": _row("inductor-reduce-overhead", 4, peak=50, reserved=400)}},
         "b": {"status": "ok", "train": False, "rows": {"eager": _row("eager", 10), "brrr": _row("brrr", 11),
                                                        "inductor": _row("inductor", 12)}},
         "c": {"status": "ok", "train": False, "rows": {"eager": _row("eager", 10), "brrr": _row("brrr", 2, "wrong"),
@@ -196,6 +198,8 @@ def test_report_compares_with_the_better_inductor_mode_and_counts_what_the_issue
     assert math.isclose(s["training"]["brrr_over_inductor"], 8 / 5)
     assert s["slower_than_eager"] == ["b"] and s["behind_best_inductor"] == ["a"]
     assert s["brrr_not_ok"] == ["c"] and s["training_memory_ratio"] == {"a": 2.0}
+    assert s["training_memory_over_reduce_overhead"] == {"allocated": 4.0, "reserved": 0.75}
+    assert "reduce-overhead (geometric mean): allocated 4.00x, reserved 0.75x" in report.markdown(results)
     assert [w["name"] for w in s["worst"]][:2] == ["a", "b"]
     readme = tmp_path / "README.md"
     readme.write_text("# x\n\n## Where it stands\n")
