@@ -417,3 +417,34 @@ def test_a_caller_resetting_the_peak_each_step_is_judged_by_each_steps_peak(cloc
         graph([torch.full((4,), float(i)), w])
     (decision,) = replay_choice.DECISIONS
     assert decision.replay is replays and decision.peaks == (1000, captured)
+
+
+@pytest.mark.parametrize("allocated, captures", [(0, True), (1000, False)])
+def test_an_inference_graph_whose_replay_would_hold_its_outputs_twice_past_the_margin_never_captures(
+        clock, fake_cuda_graphs, monkeypatch, allocated, captures):
+    """The launched calls peak at 40 bytes; the graph's output, 16 bytes, is held twice once it has captured (the
+    graph's and the copy a replay returns). Beside nothing else allocated that is 32 bytes, within the margin: it
+    captures, and replays as the faster. Beside 1000 bytes allocated it would reach 1032: it launches without ever
+    capturing. Every call equals eager either way."""
+    monkeypatch.setattr(replay_choice, "MEMORY", lambda: 40)
+    monkeypatch.setattr(replay_choice, "ALLOCATED", lambda: allocated)
+    w = torch.randn(4)
+    call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
+    graph = CompiledGraph(call, None, "", kind="inference", cuda_graphs="auto")
+    run_calls(graph, replay_choice.TRIAL_CALLS + 2, w)
+    (decision,) = replay_choice.DECISIONS
+    assert decision.replay is captures
+    assert ("holds its outputs twice" in decision.reason) is not captures
+    assert (fake_cuda_graphs.replays > 0) is captures
+    assert (graph.graphed is not None) is captures
+
+
+def test_with_cuda_graphs_fastest_the_outputs_memory_does_not_stop_the_capture(clock, fake_cuda_graphs,
+                                                                               monkeypatch):
+    monkeypatch.setattr(replay_choice, "MEMORY", lambda: 40)
+    monkeypatch.setattr(replay_choice, "ALLOCATED", lambda: 1000)
+    call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
+    graph = CompiledGraph(call, None, "", kind="inference", cuda_graphs="fastest")
+    run_calls(graph, replay_choice.TRIAL_CALLS + 2, torch.randn(4))
+    (decision,) = replay_choice.DECISIONS
+    assert decision.replay and fake_cuda_graphs.replays > 0

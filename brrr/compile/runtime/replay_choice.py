@@ -40,7 +40,11 @@ step's last graph (a backward, or a graph leading none) and never reset (the use
 with no reset the launched calls' reading bounds the launched step, as they run first, and a caller that resets
 the peak every step makes each reading that step's. A graph turned down gives its memory back before the
 deciding call launches: left to the next call, a ResNet-18 training step launched beside its replayed graph's
-pool and peaked at 1699 MiB against 977 replayed (benchmarks/NOTES.md). With cuda_graphs="fastest" time alone
+pool and peaked at 1699 MiB against 977 replayed (benchmarks/NOTES.md). An inference graph's replay returns
+copies of its outputs, so the outputs are held twice (the graph's own and the copies) once it has captured: where
+the memory allocated before the capture plus both would already exceed MEMORY_MARGIN of the launched calls'
+peak, the graph launches without capturing (fp32 DistilBERT inference's trial peaked at 1277 MiB against 779
+launched, its 500 MB of logits held twice, and replay was then refused). With cuda_graphs="fastest" time alone
 decides. Under several ranks the time rule alone decides, as the ranks agree.
 A graph planned at symbolic sizes has a CUDA graph per shape, and a trial per shape: a short sequence can be
 host-bound where a long one is not. Every verdict is logged (`DECISIONS`), and `brrr explain` lists them.
@@ -64,6 +68,7 @@ HOST_BOUND = 0.5     # ... unless launching holds the host this share of a launc
 
 MEMORY_MARGIN = 1.10   # with cuda_graphs="auto", a replay may raise the process's peak memory this much at most
 MEMORY = None          # a stand-in for the device's peak allocated bytes (tests)
+ALLOCATED = None       # a stand-in for the device's allocated bytes now (tests)
 
 DECISIONS = []       # Decision records, process-wide, in the order they were made
 
@@ -121,6 +126,7 @@ class ReplayTrial:
         self.replaying = False   # whether this call of the trial replays (a follower reads its leader's)
         self.replay = None
         self.open = None   # (start, replayed) of the call whose period is still running
+        self.outputs = None   # an inference graph's launched outputs: (bytes of their buffers, bytes of them)
 
     def run(self, call, graphed, args):
         out = self._run(call, graphed, args)
@@ -156,8 +162,14 @@ class ReplayTrial:
             out = call(args)
             timing = self if self.leader is None else self.leader
             timing.host_open += time.perf_counter() - started
+            if self.kind == "inference":
+                self.outputs = _output_bytes(out, args)
             return out, False
         if not self.captured:
+            held = self._replay_holds_too_much()
+            if held:
+                self._decide(False, held)
+                return call(args), False
             out = graphed(args)
             if out is None:   # capture failed, or an input read in place has moved
                 self._cannot_replay(getattr(graphed, "failure", None))
@@ -173,6 +185,20 @@ class ReplayTrial:
             self.open = None
             self._cannot_replay(getattr(graphed, "failure", None))
         return call(args), False   # a follower out of step (its forward launched): the forward's periods see it
+
+    def _replay_holds_too_much(self):
+        """Why an inference graph's capture would already raise the peak past MEMORY_MARGIN (its outputs held
+        twice beside what is allocated now), or None."""
+        if self.kind != "inference" or not self.memory_bound or self.label is not None or self.outputs is None \
+                or not self.peaks[False]:   # no reading (no device memory statistics): nothing to judge by
+            return None
+        now = ALLOCATED() if ALLOCATED is not None else torch.cuda.memory_allocated()
+        buffers, copies = self.outputs
+        if now + buffers + copies <= MEMORY_MARGIN * self.peaks[False]:
+            return None
+        return (f"not captured: a replay holds its outputs twice (the graph's and the copies returned), "
+                f"{(now + buffers + copies) / 2**20:.0f} MiB at least against {self.peaks[False] / 2**20:.0f} MiB "
+                f"launched, more than {MEMORY_MARGIN - 1:.0%} over (cuda_graphs=\"fastest\" replays anyway)")
 
     def _close_period(self):
         if self.open is None:
@@ -229,6 +255,18 @@ class ReplayTrial:
         for follower in self.followers:   # they replay only beside this graph's replays
             if follower.replay is None:
                 follower._decide(replay, f"as its {self.kind} graph", launch_s, replay_s, host_s, peaks)
+
+
+def _output_bytes(out, args):
+    """(bytes of the buffers behind `out`'s tensors, bytes of the tensors themselves), leaving out those over an
+    input's memory (a replay returns those as they are)."""
+    inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+    buffers, copies = {}, 0
+    for o in out if isinstance(out, (list, tuple)) else (out,):
+        if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in inputs:
+            buffers[o.untyped_storage().data_ptr()] = o.untyped_storage().nbytes()
+            copies += o.numel() * o.element_size()
+    return sum(buffers.values()), copies
 
 
 def _peak():
