@@ -227,7 +227,10 @@ def mode_step_seconds(mode, records, ceilings, wall_s, busy_s, split):
     scale = time_scale(records, wall_s, busy_s)   # traced op times -> the plain step's busy time
     matched = {r.index: r.index for r in records} if mode.same_ops else align(records, mode.records)
     device = mode_device_times(mode, records, matched, ceilings)
-    mode_device = sum(device.values()) * scale
+    # traced times are scaled to the plain step; a contraction timed alone already ran plain (scaled too, a loaded
+    # host's slow trace shrank the seed MLP's timed bf16 matmuls to nothing and its step to 0 s)
+    plain = {i: t if i in mode.timed else t * scale for i, t in device.items()}
+    mode_device = sum(plain.values())
     inserted = sum(1 for index in device if matched.get(index) is None)
     if ceilings.kind != "cuda":   # the CPU's ops run on the host: the step is their sum
         step = wall_s + mode_device - sum(r.time_s for r in analyzed) * scale
@@ -245,7 +248,7 @@ def mode_step_seconds(mode, records, ceilings, wall_s, busy_s, split):
     for m in mode.records:
         if m.index in device:
             key = "cast" if matched.get(m.index) is None and m.name in CASTS else m.op_class
-            by_class[key] = by_class.get(key, 0.0) + device[m.index] * scale
+            by_class[key] = by_class.get(key, 0.0) + plain[m.index]
     parts = (("device_s", mode_device), ("host_s", mode_host), ("timed_calls", len(mode.timed)),
              ("inserted_ops", inserted)) + tuple((f"device_{key}_s", v) for key, v in sorted(by_class.items()))
     return max(step, 0.0), how, parts

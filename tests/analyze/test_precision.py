@@ -75,6 +75,19 @@ def test_a_device_bound_step_gets_its_timed_contractions_and_pays_its_casts_byte
     assert predicted == pytest.approx(40 * 5e-6 + 15e-6)
 
 
+def test_on_a_loaded_host_the_timed_calls_keep_their_plain_time():
+    """A CPU step traced at 20 ms (a loaded host) whose plain run took 2 ms: the traced matmuls are scaled to the
+    plain step (a tenth), the bf16 calls timed alone are not (they ran plain), and the step is what remains of it
+    plus them, never 0."""
+    ceilings = make_ceilings(kind="cpu", bandwidth=1e12)
+    records = _step(1e-3)
+    wall = busy = 2e-3
+    predicted, _, parts = mode_step_seconds(_bf16_mode(records, 50e-6), records, ceilings, wall, busy, {})
+    casts = 20 * CAST_S * 0.1   # inserted, priced by their bytes and scaled as traced times are
+    assert dict(parts)["device_contraction_s"] == pytest.approx(20 * 50e-6)
+    assert predicted == pytest.approx(wall - 2e-3 + 20 * 50e-6 + casts)
+
+
 def test_tf32_runs_the_analyzed_ops_with_its_timed_matmuls():
     records = _step(1e-3)
     wall, busy = 20e-3 + 15e-6, 20e-3
