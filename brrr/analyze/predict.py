@@ -207,7 +207,7 @@ def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=Fals
         priced = precision_seconds(records, ceilings, key, tf32_enabled)
         if priced is not None:
             # traced op times, scaled to the plain step's: a loaded host traces slowly, and the traced matmuls
-            # alone then outlast the plain step (the seed MLP's bf16 step was predicted at 0 s)
+            # alone could outlast the plain step (a prediction of 0 s)
             scale = time_scale(records, wall, busy_time_s)
             old, new, n = priced[0] * scale, priced[1] * scale, priced[2]
             preds[key] = Prediction(key, max(wall - (old - new), 0.0),
