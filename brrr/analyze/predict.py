@@ -154,6 +154,7 @@ def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=Fals
     `modes`: precision.measure_modes' ModeSteps; a precision mode without one is priced by the ratio of its roofs
     (advise.precision_seconds). `timeline`: the analyzed step's profiler ranges (kept_host_seconds)."""
     wall = max(wall_time_s, 0.0)
+    scale = time_scale(records, wall, busy_time_s)   # traced op times -> the plain step's
     groups = compiler_groups(records)
     device, launches = compiled_program(records, ceilings, wall, busy_time_s, groups)
     per_call = 2 if train else 1  # AOTAutograd's forward and backward per Dynamo graph
@@ -208,14 +209,13 @@ def predict_steps(records, ceilings, split, wall_time_s, busy_time_s, train=Fals
         if priced is not None:
             # traced op times, scaled to the plain step's: a loaded host traces slowly, and the traced matmuls
             # alone could outlast the plain step (a prediction of 0 s)
-            scale = time_scale(records, wall, busy_time_s)
             old, new, n = priced[0] * scale, priced[1] * scale, priced[2]
             preds[key] = Prediction(key, max(wall - (old - new), 0.0),
                                     f"{n} fp32 matmul-family ops: {old * 1e3:.3g} -> {new * 1e3:.3g} ms", 1.0)
         else:
             preds[key] = Prediction(key, wall, "no fp32 matmul-family op to speed up (or the mode is on): no change",
                                     1.0)
-    conv_saved = _channels_last_seconds(records) * time_scale(records, wall, busy_time_s)
+    conv_saved = _channels_last_seconds(records) * scale
     if any("convolution" in r.name for r in records):
         preds["channels-last"] = Prediction("channels-last", max(wall - conv_saved, 0.0),
                                             f"convolutions {conv_saved * 1e3:.3g} ms faster at the step's best "

@@ -137,10 +137,14 @@ def overlaps(t):
     return torch._debug_has_internal_overlap(t) == 1
 
 
+def extent(t):
+    """Elements from t's first to its last in its storage (0 for an empty t)."""
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+
+
 def span(t):
     """The memory t's elements span, from its first element to its last, as one flat tensor."""
-    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
-    return t.as_strided((extent,), (1,), t.storage_offset())
+    return t.as_strided((extent(t),), (1,), t.storage_offset())
 
 
 def copy_keeping_layout(t, device=None, pinned=False):

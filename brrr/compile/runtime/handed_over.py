@@ -18,7 +18,7 @@ at 3300 MiB against 2380 for its later ones, and at 2488-2600 MiB with one copy 
 
 import torch
 
-from brrr.compile.runtime.cuda_graphs import copy_keeping_layout
+from brrr.compile.runtime.cuda_graphs import copy_keeping_layout, extent
 
 MAX_BYTES = 4 << 30   # device bytes of inputs kept on the host at most: a copy there, one back per run (each
                       # run of a 4 GiB backward then pays ~0.5 s of copies at pageable host bandwidth)
@@ -30,14 +30,9 @@ def _device_bytes(args):
     return sum(storages.values())
 
 
-def _extent(t):
-    """Elements from t's first to its last in its storage (0 for an empty t)."""
-    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
-
-
 def _shared_spans(args):
-    """{position: (group, offset)} and [(tensor spanning the group's memory, dtype)]: the tensors of `args` that
-    share a storage with another of the same dtype, grouped, each with its offset into its group's span."""
+    """{position: (group, offset)} and [flat tensor over each group's memory]: the tensors of `args` that share a
+    storage with another of the same dtype, grouped, each with its offset into its group's span."""
     by_storage = {}
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor) and a.numel() and a.untyped_storage().nbytes():
@@ -47,7 +42,7 @@ def _shared_spans(args):
         if len(members) < 2:
             continue
         lo = min(args[i].storage_offset() for i in members)
-        hi = max(args[i].storage_offset() + _extent(args[i]) for i in members)
+        hi = max(args[i].storage_offset() + extent(args[i]) for i in members)
         first = args[members[0]]
         spans.append(first.as_strided((hi - lo,), (1,), lo))
         for i in members:
