@@ -84,6 +84,16 @@ def exact_step(rows, rblock):
     return step if rows % step == 0 else rblock
 
 
+def unrolls(k, R, reds):
+    """Whether a reduction over R elements is unrolled in the source (gen_unrolled): a column reduction over at
+    most UNROLL_MAX, or a row reduction over a window that a tile would hold badly, more than one reduced dim
+    (each element's window position a div/mod of rindex) or a length not a power of two (lanes left empty): an
+    NCHW pooling window, 3x3 in a [XBLOCK, 16] tile."""
+    if is_symbolic(R) or not 0 < R <= UNROLL_MAX or any(r.rtype.startswith("arg") for r in reds):
+        return False
+    return k.is_column() or len(k.dims) > 1 or R & (R - 1) != 0
+
+
 class KernelSource:
     """the generated module for one kernel and what the runtime needs to launch it."""
 
@@ -461,8 +471,7 @@ class Codegen:
     def gen_reduction(self, roots, reds):
         k = self.k
         X, R = k.xnumel(), k.rnumel()
-        if not is_symbolic(R) and 0 < R <= UNROLL_MAX and k.is_column() \
-                and not any(r.rtype.startswith("arg") for r in reds):
+        if unrolls(k, R, reds):
             return self.gen_unrolled(roots, reds)
         # a row of symbolic length is looped: a block holding it whole would hold only rows up to its size
         rblock = next_pow2(max(hint(R), 1))

@@ -13,6 +13,7 @@ them to canonicalizing every step.
 """
 
 import itertools
+import math
 import weakref
 from dataclasses import dataclass
 
@@ -112,7 +113,11 @@ class Ix:
         low_max = Ix(low, cl).max()
         if low_max is not None and known_true(low_max < k):
             return Ix([Term(t.base, t.brange, t.div, t.mod, t.coeff // k) for t in high], ch)
-        if len(low) == 1 and known_true(cl == 0) and not high:
+        if high or not known_true(ch == 0):
+            # multiples of k (terms and constant) leave the division exactly: only the rest is divided, as `%`
+            # takes the rest, so an unflattened sum keeps each dim's own term and the two halves merge back
+            return Ix([Term(t.base, t.brange, t.div, t.mod, t.coeff // k) for t in high], ch) + Ix(low, cl) // k
+        if len(low) == 1 and known_true(cl == 0):
             t = low[0]
             if known_true(k % t.coeff == 0):
                 k2 = k // t.coeff
@@ -120,6 +125,10 @@ class Ix:
                     return Ix([Term(t.base, t.brange, t.div * k2, None, 1)], ch)
                 if known_true(t.mod % k2 == 0):
                     return Ix([Term(t.base, t.brange, t.div * k2, t.mod // k2, 1)], ch)
+        digits = _mixed_radix(self, k)
+        if digits is not None:
+            g, upper, _ = digits
+            return upper // (k // g)
         return _opaque(self, k, None)
 
     def __mod__(self, k):
@@ -138,11 +147,15 @@ class Ix:
                     k2 = k // t.coeff
                     if t.mod is None or known_true(t.mod % k2 == 0):
                         return Ix([Term(t.base, t.brange, t.div, k2, t.coeff)])
+            digits = _mixed_radix(rest, k)
+            if digits is not None:
+                g, upper, lower = digits
+                return (upper % (k // g)) * g + lower
             return _opaque(rest, 1, k)
-        # Multiples of k dropped and a modulo still needed: take it of the whole sum, the base `//` opaques
-        # too, so the terms of an unflattened sum merge back (`(q // 56) * 14336 + (q % 56) * 256 == q * 256`
-        # for a split reduction's row q = p * 784 + r; `r % 56` would leave two divisions per element)
-        return _opaque(self, 1, k)
+        # Multiples of k dropped exactly, the modulo of the rest, as `//` divides the same rest: the terms of an
+        # unflattened sum merge back (`(q // 56) * 14336 + (q % 56) * 256 == q * 256` for a split reduction's
+        # row q = p * 784 + r: `p * 14 + r // 56` and `r % 56`)
+        return rest % k
 
     def render(self, name_of=str):
         """Triton/Python source; `name_of` names non-string bases (loaded index values)."""
@@ -163,6 +176,31 @@ class Ix:
 
     def __repr__(self):
         return f"Ix({self.render()})"
+
+
+def _mixed_radix(ix, k):
+    """(g, upper, lower) with ix == upper * g + lower, 0 <= lower < g and g dividing k, where ix's terms read as
+    digits of a mixed-radix number (its terms of smallest coefficients, under g, the lower digit): then
+    ix // k == upper // (k // g) and ix % k == (upper % (k // g)) * g + lower exactly. A flat index over
+    (rows, 784) divided by 512 * 784 is then `rows // 512`, where it was a division of the whole sum. None where
+    no such split exists or a size is symbolic."""
+    if type(k) is not int or type(ix.const) is not int \
+            or any(type(t.coeff) is not int or t.coeff <= 0 for t in ix.terms):
+        return None
+    terms = sorted(ix.terms, key=lambda t: t.coeff)
+    for j in range(len(terms)):
+        g = k
+        for t in terms[j:]:
+            g = math.gcd(g, t.coeff)
+        if g == 1:
+            continue
+        a, b = divmod(ix.const, g)
+        lower = Ix(terms[:j], b)
+        top = lower.max()
+        if top is None or top >= g:
+            continue
+        return g, Ix([Term(t.base, t.brange, t.div, t.mod, t.coeff // g) for t in terms[j:]], a), lower
+    return None
 
 
 def _opaque(ix, div, mod):
