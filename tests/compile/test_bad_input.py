@@ -98,3 +98,44 @@ def test_long_rows_one_pass_max_and_sum_with_nan_and_inf(name, dtype):
         from brrr.compile.explain import explain
         source = explain(f, x).kernels[0].source
         assert source.count("for roffset in range") == 2 and "_sum = " in source
+
+
+def _call_sources(fn, args, monkeypatch):
+    from brrr.compile.runtime import compiled as runtime
+    sources, build = [], runtime.build
+
+    def spy(plan, gm, **kw):
+        out = build(plan, gm, **kw)
+        sources.append(out[0].source)
+        return out
+    monkeypatch.setattr(runtime, "build", spy)
+    torch._dynamo.reset()
+    return compiled(fn)(*args), sources
+
+
+def test_an_index_input_read_by_several_ops_is_checked_once_and_still_refused(monkeypatch):
+    # an edge list indexing three times (gather, index, scatter): one check of it, which still refuses a bad value
+    fn = lambda w, i: w[i] + w.index_select(0, i) + torch.zeros_like(w).index_add(0, i, w[i])[i]  # noqa: E731
+    w, i = torch.randn(10, 4), torch.tensor([0, 9, 3, 3, 7])
+    out, sources = _call_sources(fn, (w, i), monkeypatch)
+    torch.testing.assert_close(out, fn(w, i))
+    assert sum(s.count("check_index(") for s in sources) == 1
+    bad = i.clone()
+    bad[2] = 10
+    with pytest.raises(RuntimeError, match="out of range"):
+        compiled(fn)(w, bad)
+
+
+def test_an_expanded_index_is_checked_over_its_distinct_elements(monkeypatch):
+    from brrr.compile.runtime.compiled import check_index
+    seen = []
+    aminmax = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda t: seen.append(t.numel()) or aminmax(t))
+    base = torch.tensor([0, 4, 2])
+    check_index(base[:, None, None].expand(3, 5, 7), 0, 5, "scatter_add")
+    assert seen == [3]
+    bad = torch.tensor([0, 5, 2])[:, None].expand(3, 6)
+    with pytest.raises(RuntimeError, match="out of range"):
+        check_index(bad, 0, 5, "scatter_add")
+    with pytest.raises(RuntimeError, match="out of range"):
+        check_index(torch.tensor([[1, 2], [3, -1]]).t(), 0, 5, "gather")   # strided, no zero stride

@@ -133,3 +133,38 @@ def test_memoized_indices_equal_fresh_ones_and_tell_ranges_apart():
     assert indexing.unflatten(large, shape, order)[0].render() == "xindex // 8"
     for strides in ((8, 4, 1), (1, 16, 2)):
         assert indexing.linear(idx, strides, 3).render() == indexing._linear(idx, strides, 3).render()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_division_and_modulo_equal_integer_arithmetic(seed):
+    # sums of bounded terms (views' indices, a padding offset below zero among them) divided and taken modulo
+    # by the divisors views use: every rewrite (multiples of k leaving the division, mixed-radix digits) exact
+    import itertools
+    rng = random.Random(seed)
+    for _ in range(60):
+        sizes = [rng.choice([2, 3, 4, 7, 8, 56]) for _ in range(rng.randint(1, 3))]
+        coeffs = [rng.choice([1, 2, 3, 7, 8, 56, 112, 784, 3136]) for _ in sizes]
+        const = rng.randint(-120, 120)
+        a = Ix.of(const)
+        for i, (n, c) in enumerate(zip(sizes, coeffs)):
+            a = a + Ix.var(f"v{i}", n) * c
+        k1, k2 = rng.choice([2, 3, 4, 7, 8, 56, 784]), rng.choice([2, 3, 8, 56, 64])
+        built = [(a // k1, lambda x: x // k1), (a % k2, lambda x: x % k2),
+                 ((a // k1) % k2, lambda x: (x // k1) % k2), (a % k2 + (a // k2) * k2, lambda x: x)]
+        for vals in itertools.product(*[range(n) for n in sizes]):
+            x = const + sum(c * v for c, v in zip(coeffs, vals))
+            env = {f"v{i}": v for i, v in enumerate(vals)}
+            for ix, expect in built:
+                assert eval(ix.render(), {}, env) == expect(x), (a, ix, env)
+
+
+def test_a_merged_view_divides_back_into_its_dims():
+    # [N, C, H, W] read as [N, G, C // G, H * W] (a group norm): n * 802816 + g * 25088 + c * 3136 + s, s < 3136,
+    # unflattened over (C, H, W) and read back at NCHW strides is the flat index again, no division left
+    n, g, c, s = Ix.var("n", 32), Ix.var("g", 32), Ix.var("c", 8), Ix.var("s", 3136)
+    flat = n * 802816 + g * 25088 + c * 3136 + s
+    assert linear(unflatten(flat, (32, 256, 56, 56)), (802816, 3136, 56, 1)) == flat
+    # rows of 784 numbered by xindex, divided by 512 rows' worth: xindex // 512
+    rows = Ix.var("rindex", 784) + Ix.var("xindex", 16384) * 784
+    assert (rows // 401408).render() == "xindex // 512"
+    assert (rows % 401408).render() == "rindex + (xindex % 512) * 784"

@@ -517,3 +517,30 @@ def test_layout_kernels_vectorize_on_the_gpu(tmp_path):
         loads, stores = _ptx_memory_ops(ks, tmp_path)
         assert loads == {"ld.global.v4.b32"}, (ks.name, loads)             # 16-byte loads: 8 bf16 lanes
         assert not vector_stores or stores == {"st.global.v4.b32"}, (ks.name, stores)
+
+
+def test_group_norm_statistics_walk_each_group_along_memory():
+    # 32 groups of [8, 56, 56] per sample: rows of 25088 contiguous elements, one program each (1024); walked
+    # with the groups innermost they were 64 programs of [16, 64] tiles over a 51 MB tensor
+    x = torch.empty(32, 256, 56, 56, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(256, dtype=torch.bfloat16, device="meta")
+    stats = [k for k in kernels_of(lambda x: F.group_norm(x, 32, w, w), x) if k.dims]
+    assert stats and all(not k.is_column() and k.xnumel() == 1024 for k in stats)
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_nchw_pooling_windows_are_unrolled_and_equal_eager(pool):
+    # an NCHW 3x3 window is a row reduction over two dims of 9 elements: one lane per output, the window's
+    # positions constant offsets (no [XBLOCK, 16] tile recovering them by div/mod, 7 of 16 lanes empty)
+    x = torch.randn(2, 3, 9, 11)
+    f = (lambda x: torch.ops.aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1])) if pool == "max" else \
+        (lambda x: F.avg_pool2d(x, 3, 1, 1, count_include_pad=False))
+    (kernel,) = [k for k in kernels_of(f, x.to("meta")) if k.dims]
+    assert not kernel.is_column()
+    source = next(src for _, _, ks in plans(f, x.to("meta")) for k, src in ks.items() if k.dims).source
+    assert "rindex" not in source.split("@triton.jit")[-1]
+    x[0, 1, 4, 4] = float("nan")
+    torch._dynamo.reset()
+    out, ref = compiled(f)(x), f(x)
+    for o, r in zip(out if pool == "max" else (out,), ref if pool == "max" else (ref,)):
+        torch.testing.assert_close(o, r, equal_nan=True)

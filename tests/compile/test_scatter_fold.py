@@ -190,3 +190,24 @@ def test_fold_is_one_gather_kernel_without_index_put():
     torch._dynamo.reset()
     assert torch.equal(compiled(unfold)(x), unfold(x))
     assert len(_no_fallbacks(unfold, x).kernels) == 1
+
+
+@pytest.mark.parametrize("width", [1, 4, 40])
+def test_edge_messages_scatter_with_their_rows_innermost(width):
+    # a graph layer's messages [edges, width] added into [nodes, width] by destination: lanes walk a row's
+    # elements, so neighbouring atomic adds (and gathers by source) touch neighbouring addresses; the edge
+    # list, read once per row, is the outer dim. The values equal eager's either way.
+    from tests.compile.test_layout import kernels_of
+
+    def layer(h, w, src, dst):
+        return torch.zeros_like(h).index_add(0, dst, h[src] * w[:, None])
+
+    nodes, edges = 6, 400   # the edge list (int64) outweighs the node features it gathers and scatters into
+    g = torch.Generator().manual_seed(0)
+    h, w = torch.randn(nodes, width, generator=g), torch.rand(edges, generator=g)
+    src, dst = torch.randint(0, nodes, (edges,), generator=g), torch.randint(0, nodes, (edges,), generator=g)
+    (scatter,) = [k for k in kernels_of(layer, h, w, src, dst) if len(k.shape) == 2 and k.shape[0] == edges]
+    if width > 1:
+        assert scatter.loop_order()[0] == 1
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled(layer)(h, w, src, dst), layer(h, w, src, dst))

@@ -150,7 +150,18 @@ def check_index_input(L, index, size, op, negative_ok=False):
     the size it indexes: eager raises on such an index, a kernel would read outside the tensor."""
     if isinstance(index, ir.Node) and index.kind == "buffer" and index.producer == "input" and \
             all(isinstance(d, int) for d in index.shape) and 0 not in tuple(index.shape):
-        L.index_checks.append((index, -size if negative_ok else 0, size, op))
+        # one check per index tensor, the strictest range asked: a GAT layer's backward indexes by its two
+        # edge lists seven times, and each check is a reduction over the index and three launches after it
+        low = -size if negative_ok else 0
+        for k, (other, other_low, other_size, _) in enumerate(L.index_checks):
+            if other is not index:
+                continue
+            if other_low >= low and other_size <= size:
+                return
+            if low >= other_low and size <= other_size:
+                L.index_checks[k] = (index, low, size, op)
+                return
+        L.index_checks.append((index, low, size, op))
 
 
 def wrap_negative(v, size):

@@ -630,7 +630,11 @@ def free_dead_buffers(lines, inputs=()):
 
 def check_index(index, low, size, op):
     """Raise (CPU) or assert on the device without a sync (CUDA), as eager does, when an index tensor holds a
-    value outside [low, size): the kernels would read outside the tensor it indexes."""
+    value outside [low, size): the kernels would read outside the tensor it indexes. An expanded index (a
+    scatter's `index[:, None, None].expand_as(src)`) is reduced over its distinct elements only."""
+    if 0 in index.stride():
+        index = index.as_strided([n if st else 1 for n, st in zip(index.shape, index.stride())], index.stride(),
+                                 index.storage_offset())
     lo, hi = torch.aminmax(index)
     torch._assert_async((lo >= low) & (hi < size), f"brrr: {op} index out of range [{low}, {size})")
 

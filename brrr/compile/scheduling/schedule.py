@@ -329,6 +329,9 @@ class Scheduler:
         shape = kernel.shape
         if node.meta.get("order") is not None:
             return tuple(node.meta["order"])
+        order = self.scatter_order(node, shape)
+        if order is not None:
+            return order
         if node.kind == "pointwise" and node in self.visible:
             order = layout.fake_order(node, shape)
             if order is not None:
@@ -342,6 +345,22 @@ class Scheduler:
             if stored is not None:
                 order = layout.with_kept_order(order, shape, node.dims, node.shape, stored)
         return order
+
+    @staticmethod
+    def scatter_order(node, shape):
+        """The order of a scatter's values (lowering/scatter.py) whose target rows have more than one element:
+        the target's layout along its rows, the rows themselves (the index list) outermost, so neighbouring
+        lanes combine into neighbouring addresses of one row. By its largest input, a GAT layer's messages
+        ([550000 edges, 40]) walked the edges innermost, each lane's atomic add and gather in another row."""
+        target = node.meta.get("atomic_into")
+        if target is None:
+            return None
+        strides = target.stride or layout.dense_strides(target.shape, layout.row_major(len(target.shape)))
+        address = linear(node.meta["atomic_index"](layout.dim_vars(shape)), strides, 0)
+        along = layout.access_strides(address, len(shape))
+        if not any(s for s, n in zip(along, shape) if s is not None and hint(n) > 1):
+            return None
+        return layout.order_of([s if s is not None else 0 for s in along], shape)
 
     def assign_strides(self, node, kernel):
         """Strides of a root's buffer, fixed here so later kernels read it as it will be: eager's where
