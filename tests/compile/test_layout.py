@@ -544,3 +544,17 @@ def test_nchw_pooling_windows_are_unrolled_and_equal_eager(pool):
     out, ref = compiled(f)(x), f(x)
     for o, r in zip(out if pool == "max" else (out,), ref if pool == "max" else (ref,)):
         torch.testing.assert_close(o, r, equal_nan=True)
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("args", [([3, 3], [2, 2], [1, 1], [1, 1]), ([2, 3], [1, 2], [1, 0], [2, 1])])
+def test_max_pool_indices_pick_eagers_element_among_ties_and_nans(memory_format, args):
+    # the window position of the first max (or the last NaN) is reduced, its flat index computed once
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 3, (2, 4, 9, 10), generator=g).float().to(memory_format=memory_format)
+    x[0, 1, 3, 3] = x[1, 2, 5, 6] = x[1, 2, 5, 7] = float("nan")
+    f = lambda x: torch.ops.aten.max_pool2d_with_indices(x, *args)   # noqa: E731
+    torch._dynamo.reset()
+    (values, indices), (ref_values, ref_indices) = compiled(f)(x), f(x)
+    torch.testing.assert_close(values, ref_values, equal_nan=True)
+    assert torch.equal(indices, ref_indices)

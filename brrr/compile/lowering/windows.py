@@ -134,11 +134,14 @@ class Pooling:
 @register("max_pool2d_with_indices")
 def lower_max_pool2d(L, fx, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
     """values: the window's max (NaN wins); indices: the flat input index (ih * W + iw) of the first max in
-    the window's scan order, or of its last NaN, as ATen picks them."""
+    the window's scan order, or of its last NaN, as ATen picks them. The reductions pick a position in the
+    window (int32, a constant per element of an unrolled window); its flat index is computed once per output,
+    where reducing int64 flat indices cost two int64 selects and a min per window element."""
     values_meta, indices_meta = meta(fx)
     p = Pooling(x.shape, values_meta.shape, kernel_size, stride, padding, dilation)
     space, dims = p.forward_space()
     out_shape, dtype = tuple(values_meta.shape), values_meta.dtype
+    I32, positions = torch.int32, p.kh * p.kw
 
     def value_at(idx):
         src, valid = p.input_at(idx)
@@ -147,29 +150,33 @@ def lower_max_pool2d(L, fx, x, kernel_size, stride=None, padding=0, dilation=1, 
     values = make_reduction(L, fx, window, dims, "max", out_shape, dtype)
     compute = _accumulator(dtype)
 
-    def flat_index(idx):
-        # int64 in the kernel, to meet the int64 sentinels of the reductions below
-        src, valid = p.input_at(idx)
-        return Op("cast", [IndexValue(Ix.of(src[-2]) * p.W + src[-1], torch.int32)], I64), valid
+    def position(idx):
+        return IndexValue(Ix.of(idx[p.nl + 2]) * p.kw + idx[p.nl + 3], I32)
 
     def first_max(idx):
-        flat, valid = flat_index(idx)
+        _, valid = p.input_at(idx)
         hit = Op("eq", [cast(window(idx), compute), cast(values(kept_index(idx, dims, out_shape)), compute)],
                  torch.bool)
-        return Op("where", [_all([valid, hit]), flat, Const(torch.iinfo(I64).max, I64)], I64)
-    first = make_reduction(L, fx, window, dims, "min", out_shape, I64, body=first_max, acc_dtype=I64)
-    if not dtype.is_floating_point:
-        return values, first
-
-    def last_nan(idx):
-        flat, valid = flat_index(idx)
-        nan = Op("isnan", [window(idx)], torch.bool)
-        return Op("where", [_all([valid, nan]), flat, Const(-1, I64)], I64)
-    last = make_reduction(L, fx, window, dims, "max", out_shape, I64, body=last_nan, acc_dtype=I64)
+        return Op("where", [_all([valid, hit]), position(idx), Const(positions, I32)], I32)
+    first = make_reduction(L, fx, window, dims, "min", out_shape, I32, body=first_max, acc_dtype=I32)
+    last = None
+    if dtype.is_floating_point:
+        def last_nan(idx):
+            _, valid = p.input_at(idx)
+            nan = Op("isnan", [window(idx)], torch.bool)
+            return Op("where", [_all([valid, nan]), position(idx), Const(-1, I32)], I32)
+        last = make_reduction(L, fx, window, dims, "max", out_shape, I32, body=last_nan, acc_dtype=I32)
 
     def index_fn(idx):
-        n = last(idx)
-        return Op("where", [Op("ge", [n, Const(0, I64)], torch.bool), n, first(idx)], I64)
+        pos = first(idx)
+        if last is not None:
+            n = last(idx)
+            pos = Op("where", [Op("ge", [n, Const(0, I32)], torch.bool), n, pos], I32)
+        a, b = Op("truncdiv", [pos, Const(p.kw, I32)], I32), Op("fmod", [pos, Const(p.kw, I32)], I32)
+        oh, ow = idx[-2], idx[-1]
+        ih = _op("add", _op("mul", oh, p.sh), _op("sub", _op("mul", cast(a, I64), p.dh), p.ph))
+        iw = _op("add", _op("mul", ow, p.sw), _op("sub", _op("mul", cast(b, I64), p.dw), p.pw))
+        return _op("add", _op("mul", ih, p.W), iw)
     indices = ir.pointwise(L.fresh("pw"), out_shape, I64, index_fn, fx=fx, ops=("max_pool2d_with_indices",))
     return values, indices
 
