@@ -84,16 +84,6 @@ def exact_step(rows, rblock):
     return step if rows % step == 0 else rblock
 
 
-def unrolls(k, R, reds):
-    """Whether a reduction over R elements is unrolled in the source (gen_unrolled): a column reduction over at
-    most UNROLL_MAX, or a row reduction over a window that a tile would hold badly, more than one reduced dim
-    (each element's window position a div/mod of rindex) or a length not a power of two (lanes left empty): an
-    NCHW pooling window, 3x3 in a [XBLOCK, 16] tile."""
-    if is_symbolic(R) or not 0 < R <= UNROLL_MAX or any(r.rtype.startswith("arg") for r in reds):
-        return False
-    return k.is_column() or len(k.dims) > 1 or R & (R - 1) != 0
-
-
 class KernelSource:
     """the generated module for one kernel and what the runtime needs to launch it."""
 
@@ -471,7 +461,10 @@ class Codegen:
     def gen_reduction(self, roots, reds):
         k = self.k
         X, R = k.xnumel(), k.rnumel()
-        if unrolls(k, R, reds):
+        # unrolled: a column reduction over a few elements, or a row one over a window a tile holds badly (several
+        # reduced dims, recovered by div/mod of rindex, or a length not a power of two: NCHW 3x3 pooling)
+        if not is_symbolic(R) and 0 < R <= UNROLL_MAX and not any(r.rtype.startswith("arg") for r in reds) \
+                and (k.is_column() or len(k.dims) > 1 or R & (R - 1)):
             return self.gen_unrolled(roots, reds)
         # a row of symbolic length is looped: a block holding it whole would hold only rows up to its size
         rblock = next_pow2(max(hint(R), 1))
@@ -591,7 +584,7 @@ class Codegen:
         return head + s.lines, dict(XBLOCK=xblock, RBLOCK=rblock, num_warps=warps, grid=(cdiv(X, xblock),))
 
     def gen_unrolled(self, roots, reds):
-        """A column reduction over a few elements (a 3x3 pooling window): one lane per kept element, like a
+        """A reduction over a few elements (a 3x3 pooling window, either layout): one lane per kept element, like a
         pointwise kernel, with the reduced elements unrolled in the source at constant positions. Their
         indices then fold to a constant offset per element, and the div/mod of the window position and the
         lanes a [XBLOCK, RBLOCK] tile would leave empty (7 of 16 for 9 elements) are gone: as a tile, the
