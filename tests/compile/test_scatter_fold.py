@@ -211,3 +211,20 @@ def test_edge_messages_scatter_with_their_rows_innermost(width):
         assert scatter.loop_order()[0] == 1
     torch._dynamo.reset()
     torch.testing.assert_close(compiled(layer)(h, w, src, dst), layer(h, w, src, dst))
+
+
+def test_a_scatter_along_the_last_dim_walks_its_index_rows():
+    # the index picks positions within each contiguous row of the target: lanes walk the index and source rows
+    # (their loads coalesced), not the target's rows
+    from tests.compile.test_layout import kernels_of
+
+    def along_last(x, i, s):
+        return x.scatter_add(1, i, s)
+
+    g = torch.Generator().manual_seed(0)
+    x, s = torch.randn(64, 8, generator=g), torch.randn(64, 16, generator=g)
+    i = torch.randint(0, 8, (64, 16), generator=g)
+    (scatter,) = [k for k in kernels_of(along_last, x, i, s) if k.shape == (64, 16)]
+    assert scatter.loop_order()[0] == 1
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled(along_last)(x, i, s), along_last(x, i, s))

@@ -358,8 +358,9 @@ class Scheduler:
         strides = target.stride or layout.dense_strides(target.shape, layout.row_major(len(target.shape)))
         address = linear(node.meta["atomic_index"](layout.dim_vars(shape)), strides, 0)
         along = layout.access_strides(address, len(shape))
-        if not any(s for s, n in zip(along, shape) if s is not None and hint(n) > 1):
-            return None
+        inner = min((hint(s) for s, n in zip(strides, target.shape) if s and hint(n) > 1), default=None)
+        if inner is None or not any(s is not None and hint(s) == inner for s, n in zip(along, shape) if hint(n) > 1):
+            return None   # the index picks positions along the target's contiguous dim (scatter along dim -1)
         return layout.order_of([s if s is not None else 0 for s in along], shape)
 
     def assign_strides(self, node, kernel):
