@@ -16,7 +16,7 @@ Kernels are named after what they fuse (brrr.compile.scheduling.naming) once pac
 from dataclasses import dataclass, field
 
 from brrr.compile.ir import mathops, nodes as ir
-from brrr.compile.ir.indexing import Ix, linear, unflatten
+from brrr.compile.ir.indexing import Ix, contiguous_strides, linear, unflatten
 from brrr.compile.ir.sizes import hint, same
 from brrr.compile.scheduling import layout
 from brrr.compile.scheduling.naming import kernel_name
@@ -348,14 +348,14 @@ class Scheduler:
 
     @staticmethod
     def scatter_order(node, shape):
-        """The order of a scatter's values (lowering/scatter.py) whose target rows have more than one element:
-        the target's layout along its rows, the rows themselves (the index list) outermost, so neighbouring
-        lanes combine into neighbouring addresses of one row. By its largest input, a GAT layer's messages
+        """The order of a scatter's values (lowering/scatter.py) where one of their dims runs along the target's
+        contiguous dim: the target's layout along its rows, the rows themselves (the index list) outermost, so
+        neighbouring lanes combine into neighbouring addresses of one row. By its largest input, a GAT layer's messages
         ([550000 edges, 40]) walked the edges innermost, each lane's atomic add and gather in another row."""
         target = node.meta.get("atomic_into")
         if target is None:
             return None
-        strides = target.stride or layout.dense_strides(target.shape, layout.row_major(len(target.shape)))
+        strides = target.stride or contiguous_strides(target.shape)
         address = linear(node.meta["atomic_index"](layout.dim_vars(shape)), strides, 0)
         along = layout.access_strides(address, len(shape))
         inner = min((hint(s) for s, n in zip(strides, target.shape) if s and hint(n) > 1), default=None)
