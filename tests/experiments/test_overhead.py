@@ -35,8 +35,10 @@ def test_overhead_finds_the_flat_region_of_a_known_model(tmp_path):
 
 
 def test_overhead_stops_when_runtime_grows_in_proportion():
-    def proportional(batch):  # 5 ms per sample, nothing fixed: every doubling doubles the time
-        return SleepModel(0.0, 0.005), (torch.zeros(batch, 1),)
+    # 25 ms per sample, nothing fixed: every doubling doubles the time. Per-sample cost large against a
+    # loaded machine's sleep overshoot (a few ms), which would read as a fixed cost and flatten the ratios.
+    def proportional(batch):
+        return SleepModel(0.0, 0.025), (torch.zeros(batch, 1),)
 
     result = overhead.run(model_fn=proportional, device="cpu", max_batch=64, print_table=False, chunk_s=0.005)
     assert [r["batch"] for r in result["rows"]] == [1, 2, 4]
