@@ -49,7 +49,7 @@ def main():
     with torch.no_grad():
         for label, fn in (("eager", case.fn),
                           ("brrr launching", brrr.compile(case.fn, cuda_graphs=False)),
-                          ("brrr", torch.compile(case.fn, backend="brrr")),
+                          ("brrr", brrr.compile(case.fn)),
                           ("inductor", torch.compile(case.fn))):
             torch._dynamo.reset()
             print(f"{label:16s} host {host_per_call(fn, inputs) * 1e6:7.1f} us per call", flush=True)
