@@ -45,6 +45,7 @@ def clock(monkeypatch, fake_cuda_graphs):
     monkeypatch.setattr(replay_choice.time, "perf_counter", lambda: c.host)
     monkeypatch.setattr(replay_choice, "DECISIONS", [])
     monkeypatch.setattr(replay_choice, "MEMORY", lambda: 0)   # no GPU: the peak never moves unless a test says
+    monkeypatch.setattr(replay_choice, "SMALL_GROWTH", 0)    # the tests' peaks are bytes: the margin alone
     return c
 
 
@@ -336,6 +337,23 @@ def test_a_faster_replay_that_raises_the_peak_launches_unless_asked_for_speed(cl
     assert (graph.graphed is not None) is replays   # a graph turned down gives its memory back
     if mode == "auto" and not replays:
         assert "raised the peak memory" in decision.reason
+
+
+@pytest.mark.parametrize("small_growth, replays", [(300, True), (100, False)])
+def test_a_growth_within_small_growth_replays_though_over_the_margin(clock, fake_cuda_graphs, monkeypatch,
+                                                                     small_growth, replays):
+    """Replaying raises the peak from 1000 bytes by 200, twice MEMORY_MARGIN's allowance: an absolute allowance
+    (SMALL_GROWTH, 64 MiB on a GPU; bytes here) of 300 takes it in and the graph replays, one of 100 does not."""
+    start = fake_cuda_graphs.replays
+    monkeypatch.setattr(replay_choice, "MEMORY", lambda: 1000 + (200 if fake_cuda_graphs.replays > start else 0))
+    monkeypatch.setattr(replay_choice, "SMALL_GROWTH", small_growth)
+    w = torch.randn(4)
+    call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
+    graph = CompiledGraph(call, None, "", cuda_graphs="auto")
+    run_calls(graph, replay_choice.TRIAL_CALLS, w)
+    (decision,) = replay_choice.DECISIONS
+    assert decision.replay is replays and decision.peaks == (1000, 1200)
+    assert (graph.graphed is not None) is replays
 
 
 def test_a_pair_turned_down_gives_its_memory_back_before_the_deciding_step_launches(clock, fake_cuda_graphs):
