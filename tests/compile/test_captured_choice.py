@@ -74,6 +74,22 @@ def test_the_faster_of_compiled_and_captured_is_kept(clock_of, captured_faster):
     assert clock.launched is not captured_faster   # the kept way runs: brrr's kernels only when compiled
 
 
+def test_brrr_captured_trial_0_keeps_brrrs_kernels_untimed(clock_of, monkeypatch):
+    """With BRRR_CAPTURED_TRIAL=0 the graph is never run as captured, however much faster that would be: every
+    call launches brrr's kernels, and no verdict is logged."""
+    monkeypatch.setenv("BRRR_CAPTURED_TRIAL", "0")
+    clock = clock_of(LaunchClock(brrr_s=5.0, eager_s=3.0))
+    torch._dynamo.reset()
+    fn = compiled(block)
+    w = torch.randn(16, 8)
+    for _ in range(captured_choice.TRIAL_LENGTH + 3):
+        clock.launched = False
+        x = torch.randn(4, 16)
+        torch.testing.assert_close(fn(x, w), block(x, w))
+        assert clock.launched
+    assert captured_choice.DECISIONS == []
+
+
 def test_captured_calls_come_before_the_compiled_graph_settles_and_decide_once():
     """The first call checks brrr's kernels; the graph as captured is timed next, before the compiled graph's
     replay trial captures a CUDA graph (whose memory would otherwise be held beside eager's activations), then
