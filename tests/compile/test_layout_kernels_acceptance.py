@@ -40,3 +40,16 @@ def test_layout_acceptance_cases_are_chosen_by_name_prefix_or_tag():
     assert len(pick("nchw_bn")) == 12 and len(pick("nchw_group_norm")) == 12 and len(pick("pool")) == 8
     assert len(pick("forward")) == len(pick("backward")) == 16
     assert pick("transpose") == ["transpose"]
+
+
+def test_shortfalls_read_brrrs_launched_row_on_the_gpu():
+    """On the GPU brrr's row is `brrr-launches` (its kernels, capturable by the bench): the shortfalls read it,
+    and list a case under the target with its fraction."""
+    probe = load_acceptance("layout_kernels")
+
+    def result(case, fraction):
+        return {"case": case, "issue": 42, "target": 0.8, "rows": [
+            {"backend": "eager", "status": "ok", "fraction_of_copy_bandwidth": 0.1},
+            {"backend": probe.BRRR_KERNELS, "status": "ok", "fraction_of_copy_bandwidth": fraction}]}
+    lines = probe.shortfalls([result("slow", 0.5), result("fast", 0.9)])
+    assert lines == ["issue 42: brrr below 80% of copy on 1 of 2 cases: slow (50.0%)"]
