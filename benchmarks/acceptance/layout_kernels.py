@@ -340,7 +340,7 @@ def main(argv=None):
             timing = f"{row['seconds'] * 1e6:9.1f} us" if row["seconds"] else "        —"
             share = f"{100 * frac:5.1f}% of copy" if frac is not None else ""
             note = f"  {row['reason']}" if row["reason"] else ""
-            print(f"{name:{width}s} {row['backend']:10s} {timing}  {share}{note}", flush=True)
+            print(f"{name:{width}s} {row['backend']:13s} {timing}  {share}{note}", flush=True)
         if args.json:   # after each case: a run cut off by a time limit keeps what it measured
             with open(args.json, "w") as f:
                 json.dump({"device": device, "copy_bandwidth": bandwidth, "cases": results}, f, indent=1)
