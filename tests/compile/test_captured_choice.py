@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from brrr.compile.runtime import captured_choice, kernel_registry, replay_choice
+from brrr.compile.runtime import captured_choice, kernel_registry
 from brrr.compile.backend import brrr_backend
 from tests.compile.helpers import compiled
 
@@ -46,7 +46,6 @@ class LaunchClock:
 @pytest.fixture
 def clock_of(monkeypatch):
     monkeypatch.setattr(captured_choice, "DECISIONS", [])
-    monkeypatch.setattr(replay_choice, "SMALL_GROWTH", 0)   # a tiny model's held bytes: the margin alone
 
     def install(clock):
         monkeypatch.setattr(captured_choice, "CLOCK", clock)

@@ -339,17 +339,20 @@ def test_a_faster_replay_that_raises_the_peak_launches_unless_asked_for_speed(cl
         assert "raised the peak memory" in decision.reason
 
 
-@pytest.mark.parametrize("small_growth, replays", [(300, True), (100, False)])
-def test_a_growth_within_small_growth_replays_though_over_the_margin(clock, fake_cuda_graphs, monkeypatch,
-                                                                     small_growth, replays):
-    """Replaying raises the peak from 1000 bytes by 200, twice MEMORY_MARGIN's allowance: an absolute allowance
-    (SMALL_GROWTH, 64 MiB on a GPU; bytes here) of 300 takes it in and the graph replays, one of 100 does not."""
+@pytest.mark.parametrize("kind, small_growth, replays", [("inference", 300, True), ("inference", 100, False),
+                                                         ("forward", 300, False)])
+def test_an_inference_growth_within_small_growth_replays_though_over_the_margin(clock, fake_cuda_graphs, monkeypatch,
+                                                                                kind, small_growth, replays):
+    """Replaying raises the peak from 1000 bytes by 200, twice MEMORY_MARGIN's allowance: for an inference graph an
+    absolute allowance (SMALL_GROWTH, 64 MiB on a GPU; bytes here) of 300 takes it in and the graph replays, one of
+    100 does not; a training graph keeps the margin alone."""
     start = fake_cuda_graphs.replays
     monkeypatch.setattr(replay_choice, "MEMORY", lambda: 1000 + (200 if fake_cuda_graphs.replays > start else 0))
+    monkeypatch.setattr(replay_choice, "ALLOCATED", lambda: 0)
     monkeypatch.setattr(replay_choice, "SMALL_GROWTH", small_growth)
     w = torch.randn(4)
     call = costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6))
-    graph = CompiledGraph(call, None, "", cuda_graphs="auto")
+    graph = CompiledGraph(call, None, "", cuda_graphs="auto", kind=kind)
     run_calls(graph, replay_choice.TRIAL_CALLS, w)
     (decision,) = replay_choice.DECISIONS
     assert decision.replay is replays and decision.peaks == (1000, 1200)

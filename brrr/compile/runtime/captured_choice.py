@@ -18,7 +18,7 @@ shape runs compiled). Every verdict is logged (`DECISIONS`); `brrr explain` list
 Memory. Eager's ops save what eager saves for the backward, often far more than brrr's forward (a DistilBERT amp
 step's captured calls peaked at eager's 3198 MiB, the whole run at 1.31x Inductor's; benchmarks/NOTES.md). So
 before a training graph's first captured call, both ways' held bytes are counted on fake tensors
-(held_for_backward.py); where the memory allocated now plus eager's would exceed the allowance (replay_choice.py)
+(held_for_backward.py); where the memory allocated now plus eager's would exceed MEMORY_MARGIN (replay_choice.py)
 of it plus brrr's, the graph runs compiled without the captured calls ever running. With cuda_graphs="fastest"
 time alone decides.
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from brrr.compile.runtime.held_for_backward import graph_constants, held_bytes
-from brrr.compile.runtime.replay_choice import MEMORY_MARGIN, SMALL_GROWTH, TRIAL_CALLS, within_allowance
+from brrr.compile.runtime.replay_choice import MEMORY_MARGIN, TRIAL_CALLS
 
 SAMPLES = 5
 SETTLE_CALLS = TRIAL_CALLS   # compiled calls before its periods: its replay trial past its first call, one more
@@ -66,7 +66,7 @@ class Decision:
             now, brrr, eager = (b / 2**20 for b in self.held)
             return (f"graph{at} {way}, as captured not tried: eager's ops would hold {eager:.0f} MiB for the "
                     f"backward against brrr's {brrr:.0f} MiB, beside {now:.0f} MiB allocated (more than "
-                    f"{MEMORY_MARGIN - 1:.0%} and {SMALL_GROWTH / 2**20:.0f} MiB over)")
+                    f"{MEMORY_MARGIN - 1:.0%} over)")
         return (f"graph{at} {way}: a call's period {self.compiled_s * 1e6:.0f} us compiled, "
                 f"{self.captured_s * 1e6:.0f} us as captured")
 
@@ -148,7 +148,7 @@ class CompiledOrCaptured:
         if eager is None or brrr is None:
             return False
         now = MEMORY() if MEMORY is not None else _allocated(args)
-        if within_allowance(now + eager, now + brrr):
+        if now + eager <= MEMORY_MARGIN * (now + brrr):
             return False
         shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)) if self.per_shape else ()
         DECISIONS.append(Decision(None, None, False, shapes, (now, brrr, eager)))

@@ -34,8 +34,8 @@ verdict; the forward's periods span whole steps, its backward included, whicheve
 (inference, a backward whose forward decided before it first ran) times its own periods.
 A replay also costs memory: the graph's pool keeps the memory of everything the graph allocated. With
 cuda_graphs="auto" a graph replays only if the highest peak of allocated memory read after its capture and its
-replays is within its allowance (`within_allowance`: MEMORY_MARGIN of the highest read after its launched calls,
-or SMALL_GROWTH over it where that is more) (a replay allocates nothing: its
+replays is within MEMORY_MARGIN of the highest read after its launched calls (an inference graph's, or SMALL_GROWTH
+over it where that is more: `within_allowance`) (a replay allocates nothing: its
 memory was allocated, and counted, when the capture ran). The peak is the process's, read at the end of each
 step's last graph (a backward, or a graph leading none) and never reset (the user's statistics stay theirs):
 with no reset the launched calls' reading bounds the launched step, as they run first, and a caller that resets
@@ -68,10 +68,11 @@ HOST_BOUND = 0.5     # ... unless launching holds the host this share of a launc
                      # speed, as the lent hosts' steps vary, would then keep the GPU waiting)
 
 MEMORY_MARGIN = 1.10   # with cuda_graphs="auto", a replay may raise the process's peak memory this much at most,
-SMALL_GROWTH = 64 * 2**20   # or by this many bytes where that is more: less than the CUDA context's own ~500 MiB
-                            # and two cuBLAS workspaces, nothing that decides whether a program fits. PoolFormer's
-                            # mixer replayed in 105 us against 246 launched, refused for 12 MiB of output copies
-                            # over a 106 MiB peak (benchmarks/NOTES.md)
+SMALL_GROWTH = 64 * 2**20   # or, for an inference graph, by this many bytes where that is more: its replay's output
+                            # copies on a small graph, less than the CUDA context's own ~500 MiB. PoolFormer's mixer
+                            # replayed in 105 us against 246 launched, refused for 12 MiB of copies over a 106 MiB
+                            # peak (benchmarks/NOTES.md). A training step keeps the margin alone: its batch is sized
+                            # to the memory it peaks at.
 MEMORY = None          # a stand-in for the device's peak allocated bytes (tests)
 ALLOCATED = None       # a stand-in for the device's allocated bytes now (tests)
 
@@ -199,7 +200,7 @@ class ReplayTrial:
             return None
         now = ALLOCATED() if ALLOCATED is not None else torch.cuda.memory_allocated()
         buffers, copies = self.outputs
-        if within_allowance(now + buffers + copies, self.peaks[False]):
+        if within_allowance(now + buffers + copies, self.peaks[False], self.kind):
             return None
         return (f"not captured: a replay holds its outputs twice (the graph's and the copies returned), "
                 f"{(now + buffers + copies) / 2**20:.0f} MiB at least against {self.peaks[False] / 2**20:.0f} MiB "
@@ -244,12 +245,12 @@ class ReplayTrial:
         reason = ("faster replayed" if faster else "as fast replayed, and launching holds the host" if host_bound
                   else "not faster replayed") + with_backward + ranks
         peaks = (self.peaks[False], self.peaks[True]) if None not in self.peaks.values() else None
-        costly = peaks is not None and not within_allowance(peaks[1], peaks[0])
+        costly = peaks is not None and not within_allowance(peaks[1], peaks[0], self.kind)
         # ranks decide by one rule and their periods alone: a rank launching where another replays waits on it
         if (faster or host_bound) and costly and self.memory_bound and self.label is None:
+            small = f" and {SMALL_GROWTH / 2**20:.0f} MiB" if self.kind == "inference" else ""
             reason = (f"{reason}, but replaying raised the peak memory by more than "
-                      f"{MEMORY_MARGIN - 1:.0%} and {SMALL_GROWTH / 2**20:.0f} MiB (cuda_graphs=\"fastest\" "
-                      f"replays anyway)")
+                      f"{MEMORY_MARGIN - 1:.0%}{small} (cuda_graphs=\"fastest\" replays anyway)")
             self._decide(False, reason, launch_s, replay_s, host_s, peaks)
             return
         self._decide(faster or host_bound, reason, launch_s, replay_s, host_s, peaks)
@@ -264,10 +265,10 @@ class ReplayTrial:
                 follower._decide(replay, f"as its {self.kind} graph", launch_s, replay_s, host_s, peaks)
 
 
-def within_allowance(new, old):
-    """Whether `new` bytes are within what a choice may hold over `old`: MEMORY_MARGIN of it, or SMALL_GROWTH
-    more where that is more."""
-    return new <= max(MEMORY_MARGIN * old, old + SMALL_GROWTH)
+def within_allowance(new, old, kind):
+    """Whether a replay peaking at `new` bytes is within what it may hold over `old` launched: MEMORY_MARGIN of it,
+    or for an inference graph SMALL_GROWTH more where that is more."""
+    return new <= max(MEMORY_MARGIN * old, old + (SMALL_GROWTH if kind == "inference" else 0))
 
 
 def _output_bytes(out, args):
