@@ -312,9 +312,9 @@ def docs_page(rows, commit, date, table_path):
            "wrong result or a crash fails the test. Whatever brrr cannot do correctly it refuses at lowering, and "
            "that op runs as an ATen call inside the compiled graph (an op-scope fallback, "
            "`brrr/compile/fallbacks.py`); those fallbacks are what this page counts.", "",
-           "Regenerate (about 5 minutes on two cores; writes the table, its JSON and this page):", "",
+           "Regenerate (about 15 minutes on two cores; writes the table, its JSON and this page):", "",
            "    TRITON_INTERPRET=1 .venv/bin/python benchmarks/coverage.py", "",
-           "It runs the whole matrix, as CI does: forward in float32, bfloat16, float16, int64 and bool "
+           "It runs the whole matrix (the test suite runs a cut): forward in float32, bfloat16, float16, int64 and bool "
            "where the op has the dtype, backward in float32 where it supports autograd, the first two samples of "
            "each as given and as a non-contiguous copy (`BRRR_OPDB_CUT=1` runs a cut, see `test_opdb.py`).", "",
            f"## The numbers (commit `{commit}`, {date})", "",

@@ -3,8 +3,9 @@
 and dtype, forward in float32, bfloat16, float16, int64 and bool where the op has them, backward in float32
 where it supports autograd; the first two samples of each, as given and as a non-contiguous copy. A wrong
 result or a crash fails; ATen fallbacks pass and are recorded for benchmarks/coverage.py when
-BRRR_OPDB_RECORD is set. CI runs the whole matrix (about 5 minutes on two cores); BRRR_OPDB_CUT=1 runs a cut
-(float16 only where an op lacks bfloat16, non-contiguous copies only in float32) for quick local runs."""
+BRRR_OPDB_RECORD is set. The suite runs a cut (float16 only where an op lacks bfloat16, non-contiguous copies
+only in float32; tests/compile/opdb.py says why); BRRR_OPDB_CUT=0, and benchmarks/coverage.py, run the whole
+matrix."""
 
 import pytest
 import torch
