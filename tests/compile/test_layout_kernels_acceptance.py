@@ -53,3 +53,16 @@ def test_shortfalls_read_brrrs_launched_row_on_the_gpu():
             {"backend": probe.BRRR_KERNELS, "status": "ok", "fraction_of_copy_bandwidth": fraction}]}
     lines = probe.shortfalls([result("slow", 0.5), result("fast", 0.9)])
     assert lines == ["issue 42: brrr below 80% of copy on 1 of 2 cases: slow (50.0%)"]
+
+
+def test_the_run_turns_the_captured_trial_off_for_itself_alone(monkeypatch):
+    """The run holds BRRR_CAPTURED_TRIAL=0 while it measures and gives the caller's environment back: a test run
+    in the same process would otherwise find the trial off for every later test."""
+    import os
+
+    probe = load_acceptance("layout_kernels")
+    monkeypatch.delenv("BRRR_CAPTURED_TRIAL", raising=False)
+    seen = []
+    monkeypatch.setattr(probe, "run", lambda args: seen.append(os.environ.get("BRRR_CAPTURED_TRIAL")) or 0)
+    assert probe.main(["--quick"]) == 0
+    assert seen == ["0"] and "BRRR_CAPTURED_TRIAL" not in os.environ
