@@ -34,8 +34,8 @@ verdict; the forward's periods span whole steps, its backward included, whicheve
 (inference, a backward whose forward decided before it first ran) times its own periods.
 A replay also costs memory: the graph's pool keeps the memory of everything the graph allocated. With
 cuda_graphs="auto" a graph replays only if the highest peak of allocated memory read after its capture and its
-replays is within MEMORY_MARGIN of the highest read after its launched calls (an inference graph's, or SMALL_GROWTH
-over it where that is more: `within_allowance`) (a replay allocates nothing: its
+replays is within MEMORY_MARGIN of the highest read after its launched calls, or for an inference graph within
+SMALL_GROWTH of it where that is more (`within_allowance`; a replay allocates nothing: its
 memory was allocated, and counted, when the capture ran). The peak is the process's, read at the end of each
 step's last graph (a backward, or a graph leading none) and never reset (the user's statistics stay theirs):
 with no reset the launched calls' reading bounds the launched step, as they run first, and a caller that resets
