@@ -9,6 +9,7 @@ and strides are static and baked into the source, so every index is a constant e
 computed in fp32 for fp16/bf16 and rounded once on store; indices are int32 unless an offset can pass 2**31.
 """
 
+import copy
 import math
 import os
 
@@ -17,7 +18,8 @@ import torch
 from brrr.compile.codegen.shim import prelude
 from brrr.compile.ir import mathops, nodes as ir
 from brrr.compile.ir.indexing import Ix, Opaque, linear
-from brrr.compile.ir.sizes import cdiv, expr_text, hint, is_symbolic, known_true, symbols_in
+from brrr.compile.codegen.unrolled import UnrolledReductions
+from brrr.compile.ir.sizes import cdiv, expr_text, hint, is_symbolic, known_true, next_pow2, symbols_in
 
 PERSISTENT_MAX = 16384      # reduced elements per row held in registers at once
 PERSISTENT_TILE = 2048      # elements of a persistent reduction's tile when rows are short
@@ -64,10 +66,6 @@ def reciprocal_sqrt(v):
     return ir.Op("rsqrt", inner.args, v.dtype)
 
 
-def next_pow2(n):
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def op_names(nodes):
     """The ATen ops IR `nodes` compute, sorted, less the views that move no data (what explain lists)."""
     return sorted({o for n in nodes for o in n.ops if o not in ("view", "_unsafe_view", "alias")})
@@ -103,7 +101,7 @@ class Scope:
         self.rdep = dict(parent.rdep) if parent else {}
 
 
-class Codegen:
+class Codegen(UnrolledReductions):
     def __init__(self, kernel, stored, load_stored, kernel_of, interpreted=False):
         self.k = kernel
         self.interpreted = interpreted       # kernels run in the Triton interpreter (TRITON_INTERPRET=1)
@@ -118,6 +116,20 @@ class Codegen:
         self.external_reduce_refs = set()    # reductions of other kernels this one loads
         self.ops = set()
         self.int64 = False
+
+    def new_scope(self):
+        return Scope()
+
+    def tl_type(self, dtype):
+        return TL[dtype]
+
+    def aside(self):
+        """A copy that writes source without touching this codegen's state (what unrolled.py counts)."""
+        c = copy.copy(self)
+        c.inputs, c.outputs, c.helpers, c.ops = dict(self.inputs), dict(self.outputs), set(self.helpers), set(self.ops)
+        c.red_result, c.nan_aware = dict(self.red_result), set(self.nan_aware)
+        c.external_reduce_refs = set(self.external_reduce_refs)
+        return c
 
     # ------------------------------------------------------------------ values
     def tmp(self, scope, expr, rdep):
@@ -183,7 +195,10 @@ class Codegen:
             self.external_reduce_refs.add(r)
             return self.value(scope, ir.Load(r, linear(v.idx, r.stride), r.dtype, v.mask))
         if isinstance(v, ir.Load):
-            idx, rdep = self.index(scope, v.index)
+            # a constant offset is added to the pointer last, so loads that differ only by it (a window's, a
+            # shifted slice's) share one address and ptxas folds each offset into its load
+            shift = v.index.const if v.index.terms and type(v.index.const) is int else 0
+            idx, rdep = self.index(scope, Ix(v.index.terms) if shift else v.index)
             # an index of rindex and constants alone (weights of a norm) is the same for every row: one [1, RBLOCK]
             # load, broadcast, instead of one per row
             xdep = not self.k.dims or "xindex" in idx or "tmp" in idx
@@ -196,7 +211,8 @@ class Codegen:
             p = self.ptr(v.buf, self.inputs, "in_ptr")
             if "xindex" not in idx and "rindex" not in idx and not any(not isinstance(b, str) for b in v.index.bases()):
                 idx = f"{idx} + xindex * 0"   # a scalar: broadcast it to the block so the mask applies
-            expr = f"tl.load({p} + ({idx}), {mask}, other=0)" if mask else f"tl.load({p} + ({idx}))"
+            at = f"{self.tmp(scope, f'{p} + ({idx})', rdep)} + {shift}" if shift else f"{p} + ({idx})"
+            expr = f"tl.load({at}, {mask}, other=0)" if mask else f"tl.load({at})"
             cdt = compute_dtype(v.dtype)
             if cdt != v.dtype:
                 expr = self.widen(expr, v.dtype)
@@ -582,37 +598,6 @@ class Codegen:
                 self.store(loop, r, full_idx, self.value(loop, r(full_idx)))
             s.lines.extend(loop.lines)
         return head + s.lines, dict(XBLOCK=xblock, RBLOCK=rblock, num_warps=warps, grid=(cdiv(X, xblock),))
-
-    def gen_unrolled(self, roots, reds):
-        """A reduction over a few elements (a 3x3 pooling window, either layout): one lane per kept element, like a
-        pointwise kernel, with the reduced elements unrolled in the source at constant positions. Their
-        indices then fold to a constant offset per element, and the div/mod of the window position and the
-        lanes a [XBLOCK, RBLOCK] tile would leave empty (7 of 16 for 9 elements) are gone: as a tile, the
-        window reductions of inception_v3 ran at ~2% of copy bandwidth, bound by index arithmetic."""
-        k = self.k
-        X, R = k.xnumel(), k.rnumel()
-        xblock = min(1024, next_pow2(hint(X)))
-        warps = max(1, min(4, xblock // 256))
-        self.x_full, self.r_full = known_true(X % xblock == 0), True
-        s = Scope()
-        levels = self.levels(reds)
-        for lvl in sorted(set(levels.values())):
-            for r in (r for r in reds if levels[r] == lvl):
-                acc = None
-                for j in range(R):
-                    term = self.reduction_value(s, r, k.full_index(j))
-                    if not term.startswith("tmp"):   # a literal: give it the block's shape
-                        term = self.tmp(s, f"tl.full([XBLOCK, 1], {term}, {TL[self.acc_dtype(r)]})", False)
-                    acc = term if acc is None else self.tmp(s, self.combine(r, acc, term), False)
-                self.finish_reduction(s, r, acc)
-        rows, fulls = self.pointwise_roots(roots)
-        self.store_rows_and_reductions(s, reds, rows)
-        for r in fulls:
-            for j in range(R):
-                idx = k.full_index(j)
-                self.store(s, r, idx, self.value(s, r(idx)))
-        return self.reduction_head(X, R) + s.lines, dict(XBLOCK=xblock, RBLOCK=1, num_warps=warps,
-                                                          grid=(cdiv(X, xblock),))
 
     def combine(self, r, a, b):
         """Source combining two partial results of reduction `r` (sum, prod, max, min)."""

@@ -77,6 +77,10 @@ def known_true(cond):
     return bool(cond)
 
 
+def next_pow2(n):
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
 def cdiv(a, b):
     """ceil(a / b) for sizes, symbolic or not."""
     return (a + b - 1) // b

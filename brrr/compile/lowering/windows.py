@@ -57,7 +57,18 @@ def _gated(cond, read, fill, dtype):
     """`read()` where `cond` holds (its loads masked by it), else `fill`."""
     if cond is None:
         return cast(read(), dtype)
-    return Op("where", [cond, masked(cond, lambda: cast(read(), dtype)), Const(fill, dtype)], dtype)
+    value = masked(cond, lambda: cast(read(), dtype))
+    if fill == 0 and _masked_load(value, cond):   # a masked load reads 0 where cond fails: no select needed
+        return value
+    return Op("where", [cond, value, Const(fill, dtype)], dtype)
+
+
+def _masked_load(v, cond):
+    """Whether `v` is a Load (through casts) masked by `cond`, alone or as the last of its masks."""
+    while isinstance(v, Op) and v.name == "cast":
+        v = v.args[0]
+    mask = v.mask if isinstance(v, ir.Load) else None
+    return mask is cond or (isinstance(mask, Op) and mask.name == "and" and mask.args[-1] is cond)
 
 
 def _window(L, fx, x, space, value_at):
@@ -236,8 +247,7 @@ def lower_avg_pool2d_backward(L, fx, grad, x, kernel_size, stride=None, padding=
         lead, oh, ow, valid = candidate(idx)
         ih, iw = idx[p.nl], idx[p.nl + 1]
         # inside the window: ih - (oh * s - p) < k (never below 0: oh <= (ih + p) // s)
-        inside = _all([_op("lt", _op("sub", _op("add", ih, p.ph), _op("mul", oh, p.sh)), p.kh, dtype=torch.bool),
-                       _op("lt", _op("sub", _op("add", iw, p.pw), _op("mul", ow, p.sw)), p.kw, dtype=torch.bool)])
+        inside = _all([_inside(ih, oh, idx[p.nl + 2], p.ph, p.sh, p.kh), _inside(iw, ow, idx[p.nl + 3], p.pw, p.sw, p.kw)])
         valid = _all([valid, inside])
 
         def read():
@@ -246,6 +256,16 @@ def lower_avg_pool2d_backward(L, fx, grad, x, kernel_size, stride=None, padding=
         return _gated(valid, read, 0, compute)
     window = _window(L, fx, x, space, value_at)
     return make_reduction(L, fx, window, dims, "sum", tuple(m.shape), m.dtype)
+
+
+def _inside(i, o, a, pad, stride, k):
+    """Whether input position `i` lies in the window of candidate output `o`, the `a`-th candidate (Pooling.candidates):
+    i + pad - o * stride < k. It is (i + pad) % stride + stride * (J - 1 - a), so it can fail only for the first
+    candidate, and only when the windows do not tile the stride (k % stride != 0): None where it always holds
+    (an unrolled window's candidates are constants, and a check that is never false only costs instructions)."""
+    if k % stride == 0 or (Ix.of(a).is_const() and Ix.of(a).const > 0):
+        return None
+    return _op("lt", _op("sub", _op("add", i, pad), _op("mul", o, stride)), k, dtype=torch.bool)
 
 
 def _adaptive_bounds(o, size_in, size_out):
