@@ -12,7 +12,7 @@ ex = explain(model, x, train=True)
 print(layouts.DECISIONS)
 out = os.environ.get("OUT", "/tmp")
 for k in ex.kernels:
-    print(k.name, k.kind, k.bytes if hasattr(k, "bytes") else "")
+    print(k.name)
 with open(os.path.join(out, "stem-kernels.py"), "w") as f:
     f.write(ex.source())
 conv_out = torch.nn.functional.conv2d(x.to(memory_format=torch.channels_last), model.conv.weight.to(memory_format=torch.channels_last), stride=2, padding=3)
