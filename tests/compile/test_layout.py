@@ -143,6 +143,21 @@ def test_layout_changes_load_and_store_through_a_tile(case):
     assert_like_eager(compiled(f)(x), f(x))
 
 
+def test_an_input_against_the_walk_tiles_beside_a_larger_one_along_it():
+    # a ReLU backward in NCHW over a gradient, its mask recomputed from a channels_last input (a stem converted
+    # inside the graph, its output kept NCHW): the channels_last load must coalesce too, through a tile
+    g, x, m = torch.randn(2, 8, 5, 6), channels_last(2, 8, 5, 6), torch.randn(8)
+    f = lambda g, x, m: torch.where(x - m[:, None, None] <= 0, 0, g).contiguous()   # noqa: E731
+    (kernel,) = kernels_of(f, g, x, m)
+    assert kernel.order == (3, 2, 1, 0) and kernel.tile
+    loads = {tuple(v.buf.stride): v.index for v in ir.walk(kernel.roots[0].fn(kernel.full_index()))
+             if isinstance(v, ir.Load)}
+    xs, ys = Ix.var("xindex", 30), Ix.var("yindex", 16)
+    assert loads[g.stride()] == xs + ys * 30                      # the gradient along x
+    assert loads[x.stride()] == xs * 8 + ys % 8 + (ys // 8) * 240   # the channels_last input along y
+    assert_like_eager(compiled(f)(g, x, m), f(g, x, m))
+
+
 # ------------------------------------------------------------------------------------------- reductions
 
 @pytest.mark.parametrize("memory_format, column", [(torch.contiguous_format, False), (torch.channels_last, True)],

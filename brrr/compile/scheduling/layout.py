@@ -103,13 +103,17 @@ def input_orders(value, shape):
         yield order_of(strides, shape), elements, (nbytes, spanned)
 
 
-def largest_input(value, shape):
+def largest_input(value, shape, against=None):
     """(order, elements touched) of the largest tensor `value` loads, as seen from the iteration space `shape`
     (value built at `dim_vars(shape)`), or None when no load tells its order. Of several loads of one tensor,
     the one that spans most of the space decides: a layer norm's shift (x[:, 0], broadcast along the row) reads
-    the same tensor as its x, but walking by it would put the rows innermost."""
+    the same tensor as its x, but walking by it would put the rows innermost. With `against` (an order), only
+    loads whose innermost dim is not that order's count."""
     best, best_key = None, None
+    inner = innermost(shape, against) if against is not None else None
     for order, elements, key in input_orders(value, shape):
+        if against is not None and innermost(shape, order) == inner:
+            continue
         key = tuple(hint(k) for k in key)   # a heuristic: compared at the hint sizes, no guard
         if best_key is None or key > best_key:
             best, best_key = (order, elements), key

@@ -445,8 +445,10 @@ class Scheduler:
         self.assign_strides(node, kernel)
 
     def choose_tiles(self):
-        """A pointwise kernel whose largest input (touching at least half its elements) has another innermost
-        dim than the kernel's order loads and stores through [YBLOCK, XBLOCK] tiles (layout.tile_split). A
+        """A pointwise kernel with a large input (touching at least half its elements) whose innermost dim is not
+        the kernel's loads and stores through [YBLOCK, XBLOCK] tiles (layout.tile_split), even beside a larger
+        input walked in order: the stem's ReLU backward read its channels_last input at a stride of 64 elements
+        beside an NCHW gradient, 0.79 ms for 925 MB, where a tile moves it at the copy roof. A
         reduction that reads a large input against its own order (`Kernel.across`) gets tiles wide both ways."""
         for kind, k in self.steps:
             if kind == "kernel" and k.dims and not k.closed:
@@ -458,7 +460,7 @@ class Scheduler:
                 continue
             main = None
             for root in k.roots:
-                found = layout.largest_input(self.evaluate(k, root, k.probe(root))[0], k.shape)
+                found = layout.largest_input(self.evaluate(k, root, k.probe(root))[0], k.shape, k.loop_order())
                 if found and (main is None or hint(found[1]) > hint(main[1])):
                     main = found
             if main is not None and 2 * hint(main[1]) >= hint(k.xnumel()):   # a heuristic: at the hint sizes
