@@ -82,9 +82,10 @@ def _dims_in(base):
     return []   # an index loaded from memory (gather): says nothing about the dims
 
 
-def input_orders(value, shape):
+def input_orders(value, shape, affine_only=False):
     """(order, elements touched, (bytes, elements spanned)) of each tensor load in `value` that tells its order,
-    as seen from the iteration space `shape` (value built at `dim_vars(shape)`)."""
+    as seen from the iteration space `shape` (value built at `dim_vars(shape)`). `affine_only`: only loads whose
+    every dim moves by a known stride (not a flip's reversed index, not a reshape's // or %)."""
     from brrr.cost.ops import tensor_bytes
     for v in ir.walk(value):
         if isinstance(v, ir.ReduceRef) and v.node.stride:   # a reduction an earlier kernel stored: a load
@@ -93,6 +94,8 @@ def input_orders(value, shape):
             continue
         strides = access_strides(v.index, len(shape))
         if not any(s for s, size in zip(strides, shape) if size != 1):
+            continue
+        if affine_only and any(s is None for s, size in zip(strides, shape) if size != 1):
             continue
         fake = v.buf.meta.get("fake")
         nbytes = tensor_bytes(fake) if hasattr(fake, "stride") else v.buf.numel
@@ -108,10 +111,11 @@ def largest_input(value, shape, against=None):
     (value built at `dim_vars(shape)`), or None when no load tells its order. Of several loads of one tensor,
     the one that spans most of the space decides: a layer norm's shift (x[:, 0], broadcast along the row) reads
     the same tensor as its x, but walking by it would put the rows innermost. With `against` (an order), only
-    loads whose innermost dim is not that order's count."""
+    loads whose innermost dim is not that order's count, and only where every stride is known: a flip's
+    reversed dim has none, and sorted outermost it would read as a transpose."""
     best, best_key = None, None
     inner = innermost(shape, against) if against is not None else None
-    for order, elements, key in input_orders(value, shape):
+    for order, elements, key in input_orders(value, shape, affine_only=against is not None):
         if against is not None and innermost(shape, order) == inner:
             continue
         key = tuple(hint(k) for k in key)   # a heuristic: compared at the hint sizes, no guard
