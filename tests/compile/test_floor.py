@@ -302,3 +302,27 @@ def test_kernels_of_one_source_are_one_decision_and_a_second_compile_builds_the_
     finally:
         registry.LAUNCH_HOOK = None
     assert launched and not any(_fuses_relu_and_mean(n) for n in launched)
+
+
+def test_a_head_start_the_host_outlasts_grows_until_it_covers_the_call():
+    runs = []
+
+    def ahead(queue, cycles):   # the host takes as long to queue the call as 50M cycles of spin
+        queue()
+        return cycles >= 50_000_000
+
+    cycles, covered = floor.behind_head_start(lambda: runs.append(1), floor.HEAD_START_CYCLES, ahead)
+    assert (cycles, covered) == (4 * floor.HEAD_START_CYCLES, True) and len(runs) == 2   # timed again, longer
+    assert floor.behind_head_start(lambda: runs.append(1), cycles, ahead) == (cycles, True) and len(runs) == 3
+
+
+def test_a_call_no_head_start_covers_stops_growing_it(monkeypatch):
+    runs = []
+    never = lambda queue, cycles: queue() and False   # noqa: E731  (a call that synchronizes inside)
+    cycles, covered = floor.behind_head_start(lambda: runs.append(1), floor.HEAD_START_CYCLES, never)
+    assert (cycles, covered) == (floor.MAX_HEAD_START_CYCLES, False) and len(runs) == 3   # 20M, 80M, 320M
+    monkeypatch.setattr(floor, "_queued_ahead", never)
+    timer = floor.DeviceTimer()
+    timer._queue(lambda: runs.append(1))
+    timer._queue(lambda: runs.append(1))   # no longer grown: each later call is timed once
+    assert len(runs) == 3 + 3 + 1 and (timer.cycles, timer.grow) == (floor.HEAD_START_CYCLES, False)
