@@ -9,7 +9,8 @@ to None), after brrr's trial has decided:
 - the step's wall time, the GPU's busy time inside it (profiled kernels and copies), and the host's share by
   Python function (cProfile over the same steps) and by CUDA runtime call (cudaGraphLaunch, memcpy, launches);
 - memory allocated before and after a step and its peak, launched (`cuda_graphs=False`) and replayed
-  (`cuda_graphs=True`), and the trial's own readings (its decisions).
+  (`cuda_graphs=True`), and the trial's own readings (its decisions);
+- the floor's verdicts on the kernels it gave alternatives (timed behind a head start that outlasts the host).
 
 Prediction, written before running: DenseNet's ~8 ms is on the host after the backward's replay: per-gradient
 Python in handing out the 364 gradients and autograd's AccumulateGrad, each a few microseconds, with the fused
@@ -108,8 +109,8 @@ def host_functions(step):
 
 
 def decisions():
-    from brrr.compile.runtime import replay_choice
-    return [str(d) for d in replay_choice.DECISIONS]
+    from brrr.compile.runtime import floor, replay_choice
+    return [str(d) for d in replay_choice.DECISIONS] + [str(v) for v in floor.DECISIONS if v.tried]
 
 
 def main():
@@ -123,8 +124,8 @@ def main():
         work, inputs, cotangents = build(config, device)
         row = {}
         for mode in ("auto", False, True):
-            from brrr.compile.runtime import replay_choice
-            del replay_choice.DECISIONS[:]
+            from brrr.compile.runtime import floor, replay_choice
+            del replay_choice.DECISIONS[:], floor.DECISIONS[:]
             step = make_step(config, work, inputs, cotangents, mode)
             torch.cuda.reset_peak_memory_stats(device)
             for _ in range(measure.TRIAL_CALLS + 2):
