@@ -187,17 +187,17 @@ class DeviceTimer:
     def call_time(self, graph, args):
         call = graph.call
         handed_over.run(call, args)   # the checking call: a new kernel compiles and loads here
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def queue():
+            timed = handed_over.prepared(call, args)
+            start.record()
+            timed()
+            end.record()
+
         times = []
         for _ in range(CALL_SAMPLES):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-            def queue():
-                timed = handed_over.prepared(call, args)
-                start.record()
-                timed()
-                end.record()
-
-            self._queue(queue)
+            self._queue(queue)   # synchronized at its end: the events are read before the next sample records
             times.append(start.elapsed_time(end) * 1e-3)
         return statistics.median(times)
 
