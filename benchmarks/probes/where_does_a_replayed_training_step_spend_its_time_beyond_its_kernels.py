@@ -115,7 +115,7 @@ def decisions():
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--only", default="tv-densenet121-train-amp,tv-alexnet-train-bf16")
+    p.add_argument("--only", default="tv-alexnet-train-bf16,tv-densenet121-train-amp")
     p.add_argument("--out", default=".")
     args = p.parse_args()
     device = torch.device("cuda")
@@ -145,9 +145,9 @@ def main():
             torch._dynamo.reset()
             measure.release(device)
         found[config.name] = row
+        Path(args.out, "replayed-step-time-and-memory.json").write_text(json.dumps(found, indent=1))
         del work, inputs, cotangents
         measure.release(device)
-    Path(args.out, "replayed-step-time-and-memory.json").write_text(json.dumps(found, indent=1))
 
 
 if __name__ == "__main__":
