@@ -29,6 +29,7 @@ class FakeGraph:
         return ("pool of", id(self))   # a handle other captures may share
 
     consumed = ()   # inputs a consuming capture freed into the pool: a real replay reuses their memory
+    written = ()    # (input, output): the copies of updated inputs the capture recorded (GraphedCall.written)
 
     def replay(self):
         FakeGraph.replays += 1
@@ -37,6 +38,8 @@ class FakeGraph:
             for static, new in zip(self.outputs, self.call(list(self.args))):
                 if isinstance(static, torch.Tensor):   # a backward returns None for an input needing no gradient
                     _write(static, new)
+            for target, value in self.written:   # the updated inputs' copies recorded after the call
+                target.copy_(value)
             for t in self.consumed:   # what the pool's later buffers leave there: a stale read gives NaN
                 if t.is_floating_point():
                     t.fill_(float("nan"))
@@ -78,9 +81,13 @@ def fake_cuda_graphs(monkeypatch):
     capture = GraphedCall._capture
 
     def capture_and_remember(self, args):
+        updated = {j: args[j].clone() for _, j in self.write_back}
         ok = capture(self, args)
         if ok:
             self.graph.call, self.graph.args, self.graph.outputs = self.call, self.static, self.static_out
+            self.graph.written = [(self.static[j], self.static_out[i]) for i, j in self.written.items()]
+            for j in self.written.values():   # a real capture records the copies into them and runs nothing
+                self.static[j].copy_(updated[j])
             if self.consume:   # those of the forward's pool (a view of a parameter is the caller's memory)
                 pooled = self.after().lent_ptrs
                 self.graph.consumed = [self.static[i] for i in self.pin

@@ -114,3 +114,41 @@ def test_gradients_kept_from_autograd_grad_are_not_overwritten(graphed_training)
     for grads, expected in kept:
         for g, e in zip(grads, expected):
             torch.testing.assert_close(g, e)
+
+
+def test_running_statistics_are_updated_inside_the_replayed_forward(fake_cuda_graphs, monkeypatch):
+    """The buffers a training forward updates (batch norm's running statistics and counters) are copied into by
+    the forward's CUDA graph, recorded at its capture: a replay writes nothing back on the host and clones none
+    of their new values, and the buffers equal eager's at every step."""
+    made = []
+    init = GraphedCall.__init__
+
+    def record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+    monkeypatch.setattr(GraphedCall, "__init__", record)
+    real_build = runtime.build
+    monkeypatch.setattr(runtime, "build", lambda plan, gm, **kw: real_build(plan, gm, **{**kw, "cuda_graphs": True}))
+    outside = []
+    real_write_back = runtime.write_back
+    monkeypatch.setattr(runtime, "write_back", lambda t, v: (outside.append(len(t)), real_write_back(t, v)))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 4), torch.nn.BatchNorm1d(4))
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=make_backend(cuda_graphs=True))
+    for step in range(5):
+        _zero(model, eager)
+        if step == 2:
+            outside.clear()   # the first call launches and writes back; the second captures and replays
+        _step(compiled, eager, torch.randn(6, 8))
+        for p, q in zip(model.parameters(), eager.parameters()):   # batch statistics of 6 rows: float32 sums
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+        for (name, buf), ref in zip(model.named_buffers(), eager.buffers()):
+            torch.testing.assert_close(buf, ref, rtol=1e-5, atol=1e-6, msg=name)
+    assert int(model[1].num_batches_tracked) == 5
+    assert fake_cuda_graphs.replays == 2 * 4
+    forward = next(g for g in made if g.lend)
+    assert len(forward.written) == 6   # two batch norms' mean, variance and counter
+    assert not set(forward.written) & set(forward.cloned)
+    assert outside == []

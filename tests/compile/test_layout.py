@@ -1,6 +1,7 @@
 """Memory order: kernels walk their space in the order of what they store (brrr.compile.scheduling.layout), and give
 eager's values, strides and dtypes on channels_last, transposed, sliced and expanded inputs."""
 
+import math
 import re
 
 import pytest
@@ -523,7 +524,10 @@ def test_layout_kernels_vectorize_on_the_gpu(tmp_path):
     cases = [
         (lambda x, m, v: torch.relu(torch.nn.functional.batch_norm(x, m, v, c, c)), (x, c, c), True),
         (lambda x: x.t().contiguous(), (torch.empty(256, 192, dtype=torch.bfloat16, device="meta"),), True),
-        (lambda x: torch.var_mean(x, (0, 2, 3), correction=0), (x,), False),   # a column reduction's loads
+        # an unsplit column reduction's loads (over 64 columns [8, 64, 16, 16] would split)
+        (lambda x: torch.var_mean(x, (0, 2, 3), correction=0),
+         (torch.empty(1, 32, 40, 40, dtype=torch.bfloat16, device="meta").to(memory_format=torch.channels_last),),
+         False),
     ]
     for fn, inputs, vector_stores in cases:
         (_, _, kernels), = plans(fn, *inputs)
@@ -573,3 +577,17 @@ def test_max_pool_indices_pick_eagers_element_among_ties_and_nans(memory_format,
     (values, indices), (ref_values, ref_indices) = compiled(f)(x), f(x)
     torch.testing.assert_close(values, ref_values, equal_nan=True)
     assert torch.equal(indices, ref_indices)
+
+
+def test_a_batch_norm_backward_over_few_channels_splits_its_sums_across_the_gpu():
+    # DenseNet121's [32, 128, 14, 14] channels_last: unsplit, its sums walked [16, 64] tiles over 128 channels,
+    # 8 programs for 803K elements (69 us against a 2 us roofline); split, the partial sums take ~200 programs
+    g, x = (torch.empty(32, 128, 14, 14, dtype=torch.bfloat16, device="meta").to(memory_format=torch.channels_last)
+            for _ in range(2))
+    w, mean, invstd = (torch.empty(128, device="meta") for _ in range(3))
+    (_, _, kernels), = plans(lambda g, x: torch.ops.aten.native_batch_norm_backward(
+        g, x, w, None, None, mean, invstd, True, 1e-5, [True, True, True]), g, x)
+    full = [k for k in kernels if math.prod(k.shape) >= 32 * 128 * 14 * 14]
+    assert full and not any(k.dims and len(k.shape) == 4 for k in full)   # no unsplit reduction over x
+    partials = [(k, src) for k, src in kernels.items() if k.dims and len(k.shape) == 3]
+    assert partials and all(math.prod(src.grid) >= 132 for _, src in partials)

@@ -385,3 +385,19 @@ def test_a_launched_backward_frees_each_saved_tensor_at_its_last_use(monkeypatch
 def test_a_backward_keeping_its_inputs_frees_them_only_after_it_returns(monkeypatch):
     steps, freed_at = _backward_frees(monkeypatch, owns=False)
     assert len(freed_at) >= 2 and min(freed_at) >= steps
+
+
+def test_updated_inputs_are_written_back_one_copy_per_dtype(monkeypatch):
+    """Mixed dtypes (float32 statistics, int64 counters) in one _foreach_copy_ copy tensor by tensor: grouped,
+    each group is one multi-tensor copy, and every target gets its value."""
+    from brrr.compile.runtime.write_back import write_back
+
+    copies = []
+    real = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda t, v: (copies.append(len(t)), real(t, v)))
+    targets = [torch.zeros(4), torch.zeros((), dtype=torch.long), torch.zeros(3), torch.zeros((), dtype=torch.long)]
+    values = [torch.arange(4.0), torch.tensor(7), torch.full((3,), 2.0), torch.tensor(9)]
+    write_back(targets, values)
+    assert sorted(copies) == [2, 2]
+    for t, v in zip(targets, values):
+        torch.testing.assert_close(t, v)

@@ -13,7 +13,8 @@ import operator
 
 import torch
 
-from brrr.compile.codegen.triton import COLUMN_MIN_RBLOCK, COLUMN_PERSISTENT_MAX, COLUMN_XBLOCK, PERSISTENT_MAX
+from brrr.compile.codegen.triton import (COLUMN_MIN_RBLOCK, COLUMN_PERSISTENT_MAX, COLUMN_XBLOCK, FEW_PROGRAMS_TILE,
+                                         PERSISTENT_MAX)
 from brrr.compile.ir import mathops, nodes as ir
 from brrr.compile.ir.indexing import Ix, Term, unflatten
 from brrr.compile.ir.nodes import Const, IndexValue, Op
@@ -228,6 +229,11 @@ SPLIT_COLUMN_MIN_R = 1024      # columns this long, over a tensor of at least SP
 SPLIT_COLUMN_MIN_NUMEL = 1 << 20
 SPLIT_COLUMN_PROGRAMS = 1024   # the split aims at this many [columns, chunk] programs: many per SM
 SPLIT_ACROSS_MAX_X = 32 * 256  # fewer kept elements than this read across rows: too few tiles unsplit
+SPLIT_COLUMN_FEW_X = FEW_PROGRAMS_TILE[0] * 132   # columns too few for an unsplit reduction's [16, 64] tiles to
+                                                   # give each of an H100's 132 SMs a program: these split ...
+SPLIT_COLUMN_FEW_X_MIN_NUMEL = 1 << 17            # ... from this many elements (DenseNet121's batch-norm backward
+                                                   # over [32, 128, 14, 14], 803K, ran as 8 programs: 69 us, 2% of
+                                                   # its roofline, a whole call's time each way the floor tried)
 SPLIT_COLUMN_MIN_CHUNK = 256   # rows a column split's chunk holds at least where the last one is masked, ...
 SPLIT_COLUMN_MIN_EXACT_CHUNK = 64   # ... and where the chunks tile the rows exactly (column_chunks)
 
@@ -256,7 +262,8 @@ def is_column(x, dims):
 def reduction_split(x, dims):
     """'row' or 'column' when reducing x over `dims` in one kernel would leave the GPU idle, else None:
     a few long rows (a row's program loops alone), or long columns over few kept elements (a column
-    reduction's program covers COLUMN_XBLOCK columns, so 256 channels would be 4 programs)."""
+    reduction's program covers COLUMN_XBLOCK columns, so 256 channels would be 4 programs), from
+    SPLIT_COLUMN_MIN_NUMEL elements, or from SPLIT_COLUMN_FEW_X_MIN_NUMEL where the columns are fewer still."""
     shape = tuple(x.shape)
     rsize = xnumel = 1
     for d, s in enumerate(shape):   # a heuristic: symbolic sizes are read at their hints, adding no guard
@@ -266,7 +273,9 @@ def reduction_split(x, dims):
             xnumel *= hint(s)
     long_columns = rsize >= SPLIT_COLUMN_MIN_R and xnumel * rsize >= SPLIT_COLUMN_MIN_NUMEL
     if is_column(x, dims):
-        return "column" if long_columns else None
+        few_columns = rsize >= SPLIT_COLUMN_MIN_R and xnumel < SPLIT_COLUMN_FEW_X \
+            and xnumel * rsize >= SPLIT_COLUMN_FEW_X_MIN_NUMEL
+        return "column" if long_columns or few_columns else None
     if long_columns and xnumel < SPLIT_ACROSS_MAX_X \
             and layout.reads_across_rows(x(layout.dim_vars(shape)), shape, dims):
         # rows that also read a large input along the kept dims (a layer norm's weight gradient over a

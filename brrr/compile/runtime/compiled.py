@@ -28,6 +28,7 @@ from brrr.compile.runtime.compile_workers import usable_cpus
 from brrr.compile.runtime.cuda_graphs import GraphedCall, SharedPool, data_ptrs
 from brrr.compile.runtime.launch import Launcher, load_binary, tma_descriptor, warm_all
 from brrr.compile.runtime.replay_choice import ReplayTrial
+from brrr.compile.runtime.write_back import write_back
 from brrr.compile.scheduling.inplace import reused_memory
 from brrr.compile.scheduling.naming import function_name
 
@@ -136,6 +137,9 @@ class CompiledGraph:
         self.owns_inputs = False
         self.static_inputs = None   # positions of the parameters and buffers among the inputs, where known
         self.host = None   # host_copies.HostCopies: host inputs a replay stages on the device, or why none can run
+        # (output position, input position) per input the graph updates: the output is its new value, which the
+        # call writes into the input (set by the lean runtime; AOTAutograd's runtime writes back itself)
+        self.write_back = ()
         # A graph planned at symbolic sizes: `shape_key(args)` is the call's sizes. A CUDA graph replays the sizes
         # it captured, so each shape gets its own graph and trial (graphed, trial), up to MAX_GRAPH_SHAPES.
         self.shape_key, self.shape, self.shapes = shape_key, None, {}
@@ -145,8 +149,17 @@ class CompiledGraph:
         args = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
         if self.device is not None and torch._C._cuda_getDevice() != self.device:
             with torch.cuda.device(self.device):
-                return self._run(args)
-        return self._run(args)
+                return self._written_back(args, self._run(args))
+        return self._written_back(args, self._run(args))
+
+    def _written_back(self, args, out):
+        """The inputs the graph updates (`write_back`), written from their new values; a replay that wrote them
+        inside its graph returned the inputs themselves at those positions."""
+        pending = [(args[j], out[i]) for i, j in self.write_back if out[i] is not args[j]]
+        if pending:
+            targets, values = zip(*pending)
+            write_back(targets, values)
+        return out
 
     def track(self, loan):
         """Keep `loan` (the lent outputs of the last call) safe from the next replay."""
@@ -189,7 +202,7 @@ class CompiledGraph:
         lender = self.lender.graphed if self.lender is not None and self.pool is None else None
         self.graphed = GraphedCall(self.call, args, self.lend, self.pin, pool=self.pool, after=lender,
                                    static=self.static_inputs, give=self.give, host=self.host, first_ptrs=first_ptrs,
-                                   consume=self.owns_inputs)
+                                   consume=self.owns_inputs, write_back=self.write_back)
         self.trial = None
         if self.cuda_graphs in ("auto", "fastest"):
             leader = self.lender.trial if self.lender is not None else None

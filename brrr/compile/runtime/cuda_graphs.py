@@ -65,6 +65,8 @@ import weakref
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from brrr.compile.runtime.write_back import write_back
+
 MAX_REFUSALS = 3   # replays refused for a moved input before the graph is dropped for good
 
 
@@ -222,7 +224,7 @@ class GraphedCall:
     `failure` says why the graph could not capture, once it could not. `release()` gives its memory back."""
 
     def __init__(self, call, first_args, lend=(), pin=(), pool=None, after=None, static=None, give=False,
-                 host=None, first_ptrs=None, consume=False):
+                 host=None, first_ptrs=None, consume=False, write_back=()):
         self.call = call
         self.first_ptrs = first_ptrs if first_ptrs is not None else data_ptrs(first_args)
         self.static_positions = frozenset(static) if static is not None else None
@@ -244,6 +246,8 @@ class GraphedCall:
         self.saved_kept = False   # set by the caller: the saved tensors are kept for another backward
         self.lent_at_capture = ()   # StorageWeakRefs of the real tensors the capture call lent (a forward) ...
         self.lent_ptrs = frozenset()   # ... and their addresses
+        self.write_back = tuple(write_back)   # (output, input) per input the call updates (compiled.CompiledGraph)
+        self.written = {}   # output -> input for those written inside the graph (the input read in place)
 
     def _after_pool(self):
         leader = self.after() if self.after is not None else None
@@ -328,6 +332,8 @@ class GraphedCall:
             spanned = self.spanned_out
             for i in self.cloned:
                 out[i] = copy_keeping_layout(out[i]) if i in spanned else out[i].clone()
+        for i, j in self.written.items():
+            out[i] = args[j]   # written inside the graph: the caller's input, updated
         views = self.views
         if views:
             for i, j in views.items():
@@ -400,6 +406,7 @@ class GraphedCall:
                 with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                     # consumed, each is freed at its last use, and the pool hands its memory to what follows
                     self.static_out = self.call(inputs, True) if self.consume else self.call(inputs)
+                    self.written = self._write_back_inside(inputs)
             except Exception:
                 if self.consume:   # the launch that follows reads them where they still are
                     args[:] = self.static
@@ -416,8 +423,8 @@ class GraphedCall:
             self.copied_in = [(i, s, ptr, span(s) if overlaps(s) else None) for i, (slot, s, ptr) in
                               enumerate(zip(self.slots, self.static, self.static_ptrs)) if slot in ("copy", "stage")]
             self.spanned_in = [(i, s) for i, s, _, flat in self.copied_in if flat is not None]
-            self.cloned = [i for i, o in enumerate(self.static_out)
-                           if isinstance(o, torch.Tensor) and i not in self.lend and i not in self.views]
+            self.cloned = [i for i, o in enumerate(self.static_out) if isinstance(o, torch.Tensor)
+                           and i not in self.lend and i not in self.views and i not in self.written]
             self.spanned_out = frozenset(i for i in self.cloned if overlaps(self.static_out[i]))
             self.gifts = [Given(i, self.static_out[i]) for i in self.cloned] if self.give else ()
             leader = self.after() if self.after is not None else None
@@ -427,6 +434,15 @@ class GraphedCall:
             return True
         except Exception as e:
             return self._fail(f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:120]})")
+
+    def _write_back_inside(self, inputs):
+        """Inside the capture: the new values of the inputs read in place (parameters and buffers), copied into
+        them, so that every replay updates them with no copy on the host. An input copied in is the graph's own
+        copy: the caller writes that one back after the replay."""
+        written = {i: j for i, j in self.write_back if self.slots[j] == "address"}
+        if written:
+            write_back([inputs[j] for j in written.values()], [self.static_out[i] for i in written])
+        return written
 
     def _fail(self, why):
         from brrr.compile.fallbacks import warn_once

@@ -10,8 +10,9 @@ When AOTAutograd's own metadata says a graph is *plain* (`plain_reason` returns 
 compiled graphs directly: inference graphs as they are, training graphs from one `autograd.Function` that
 saves what the forward graph returns for the backward graph. Plain includes inputs whose data the graph
 updates and that need no gradient (batch norm's running statistics in training): the graph returns their new
-values first, and one `torch._foreach_copy_` writes them back after the call, where AOTAutograd's wrapper
-makes one `copy_` per buffer (densenet121: 363 launches a step). Anything else keeps AOTAutograd's runtime,
+values first, and they are written back after the call (write_back.py), where AOTAutograd's wrapper makes one
+`copy_` per buffer (densenet121: 363 launches a step). A CompiledGraph writes them back itself (`write_back`),
+so that a CUDA-graph replay makes those copies inside the graph, at no host cost. Anything else keeps AOTAutograd's runtime,
 which stays correct for every case. The backward graph is compiled with the forward
 (`force_non_lazy_backward_lowering`), so both are in hand when the backend returns.
 
@@ -29,6 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from brrr.compile.runtime.compiled import CompiledGraph, layout
 from brrr.compile.runtime.cuda_graphs import Loan
+from brrr.compile.runtime.write_back import write_back
 
 # A FakeTensor stands in for a plain tensor: Dynamo's DDPOptimizer compiles each bucket's graph on fake inputs
 # (a fake tensor subclass such as DTensor keeps its own type and stays out).
@@ -162,10 +164,18 @@ def _mutation_reason(meta):
 
 
 def _write_back(args, mutated, new_values):
-    """The graph's updated inputs written into the caller's tensors, in one multi-tensor copy."""
+    """The graph's updated inputs written into the caller's tensors (nothing where the call wrote them itself:
+    a CompiledGraph given `write_back`)."""
     if mutated and len(new_values):
-        with torch.no_grad():
-            torch._foreach_copy_([args[i] for i in mutated], list(new_values))
+        write_back([args[i] for i in mutated], list(new_values))
+
+
+def _writes_back(call, mutated):
+    """Have `call` write the inputs it updates back itself, where it can (a CompiledGraph); whether it will."""
+    if mutated and isinstance(call, CompiledGraph):
+        call.write_back = tuple(enumerate(mutated))
+        return True
+    return False
 
 
 def _training_shape_reason(capture, meta):
@@ -215,6 +225,7 @@ def _fake():
 
 def _inference_callable(gm, compiled, unsafe_views, mutated=()):
     n_mut = len(mutated)
+    written = _writes_back(compiled, mutated)
     if not n_mut:
         def run(*args):
             with _amp_guard():
@@ -226,7 +237,8 @@ def _inference_callable(gm, compiled, unsafe_views, mutated=()):
                 if _fake():   # metadata only: a data update changes no input's metadata
                     return tuple(_regenerate(gm(*args)[n_mut:], unsafe_views))
                 outs = compiled(list(args))
-                _write_back(args, mutated, outs[:n_mut])
+                if not written:
+                    _write_back(args, mutated, outs[:n_mut])
                 return tuple(_regenerate(outs[n_mut:], unsafe_views))
 
     run._brrr_lean = "inference"
@@ -252,6 +264,7 @@ def _training_callable(spec, fw_gm, fw_call, bw_call):
     n_out, non_diff, diff, n_saved = spec.n_out, spec.non_diff, spec.diff, spec.n_saved
     tangent_strides, unsafe_views, mutated = spec.tangent_strides, spec.unsafe_views, spec.mutated
     n_mut = len(mutated)
+    written = _writes_back(fw_call, mutated)
     updates = threading.local()   # the forward's new values of updated inputs, written back after autograd's call
     lending = isinstance(fw_call, CompiledGraph) and isinstance(bw_call, CompiledGraph)
     if isinstance(bw_call, CompiledGraph):
@@ -280,7 +293,7 @@ def _training_callable(spec, fw_gm, fw_call, bw_call):
             else:
                 # a saved view would keep its base's autograd history alive; the backward needs only values
                 ctx.save_for_backward(*[t.detach() if t._is_view() else t for t in saved])
-            updates.values = () if fake else outs[:n_mut]
+            updates.values = () if fake or written else outs[:n_mut]
             user = _regenerate(outs[n_mut:n_out], unsafe_views)
             if non_diff:
                 ctx.mark_non_differentiable(*[user[i] for i in non_diff if isinstance(user[i], torch.Tensor)])
