@@ -37,6 +37,10 @@ stops being bound by the host. What a replay must get right:
   A backward captures into its forward's pool, so the forward's replay checks the same (`sharers`). The lean
   runtime turns a kept .grad into a copy before the forward replays (gradient accumulation), so a
   training loop that zeroes its gradients, or accumulates them, keeps replaying.
+- Inputs the call updates (batch norm's running statistics, `write_back`): where read in place, their new values
+  are copied into them inside the graph, recorded at its capture, so a replay neither clones those outputs nor
+  copies them back on the host (DenseNet121's amp step: 728 copies a step, its replayed step 23.1 -> 13.2 ms);
+  an input copied in is the graph's own copy, and the caller writes that one back.
 - Capture runs on the second call (the first one checked the kernels) with thread-local capture mode,
   because a backward graph is captured on autograd's device thread while other threads may run.
 - A graph planned at symbolic sizes captures one CUDA graph per shape it replays (compiled.CompiledGraph), and
