@@ -12,9 +12,8 @@ from brrr.compile.runtime import compiled as runtime
 from brrr.compile.runtime.cuda_graphs import GraphedCall
 
 
-@pytest.fixture
-def graphed_training(fake_cuda_graphs, monkeypatch):
-    """(compiled model, eager copy, the GraphedCalls made, FakeGraph)."""
+def _graphs_recorded(monkeypatch):
+    """Every graph built with CUDA graphs on; returns the list the GraphedCalls made are appended to."""
     made = []
     init = GraphedCall.__init__
 
@@ -24,6 +23,13 @@ def graphed_training(fake_cuda_graphs, monkeypatch):
     monkeypatch.setattr(GraphedCall, "__init__", record)
     real_build = runtime.build
     monkeypatch.setattr(runtime, "build", lambda plan, gm, **kw: real_build(plan, gm, **{**kw, "cuda_graphs": True}))
+    return made
+
+
+@pytest.fixture
+def graphed_training(fake_cuda_graphs, monkeypatch):
+    """(compiled model, eager copy, the GraphedCalls made, FakeGraph)."""
+    made = _graphs_recorded(monkeypatch)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
     eager = copy.deepcopy(model)
@@ -120,15 +126,7 @@ def test_running_statistics_are_updated_inside_the_replayed_forward(fake_cuda_gr
     """The buffers a training forward updates (batch norm's running statistics and counters) are copied into by
     the forward's CUDA graph, recorded at its capture: a replay writes nothing back on the host and clones none
     of their new values, and the buffers equal eager's at every step."""
-    made = []
-    init = GraphedCall.__init__
-
-    def record(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        made.append(self)
-    monkeypatch.setattr(GraphedCall, "__init__", record)
-    real_build = runtime.build
-    monkeypatch.setattr(runtime, "build", lambda plan, gm, **kw: real_build(plan, gm, **{**kw, "cuda_graphs": True}))
+    made = _graphs_recorded(monkeypatch)
     outside = []
     real_write_back = runtime.write_back
     monkeypatch.setattr(runtime, "write_back", lambda t, v: (outside.append(len(t)), real_write_back(t, v)))
