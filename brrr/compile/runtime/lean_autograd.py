@@ -12,8 +12,8 @@ saves what the forward graph returns for the backward graph. Plain includes inpu
 updates and that need no gradient (batch norm's running statistics in training): the graph returns their new
 values first, and they are written back after the call (write_back.py), where AOTAutograd's wrapper makes one
 `copy_` per buffer (densenet121: 363 launches a step). A CompiledGraph writes them back itself (`write_back`),
-so that a CUDA-graph replay makes those copies inside the graph, at no host cost. Anything else keeps AOTAutograd's runtime,
-which stays correct for every case. The backward graph is compiled with the forward
+so that a CUDA-graph replay makes those copies inside the graph, at no host cost. Anything else keeps
+AOTAutograd's runtime, which stays correct for every case. The backward graph is compiled with the forward
 (`force_non_lazy_backward_lowering`), so both are in hand when the backend returns.
 
 A call on fake tensors only propagates metadata (Dynamo's DDPOptimizer runs each bucket's compiled graph once
@@ -164,8 +164,8 @@ def _mutation_reason(meta):
 
 
 def _write_back(args, mutated, new_values):
-    """The graph's updated inputs written into the caller's tensors (nothing where the call wrote them itself:
-    a CompiledGraph given `write_back`)."""
+    """The graph's updated inputs written into the caller's tensors (for a call that does not write them itself,
+    `_writes_back`)."""
     if mutated and len(new_values):
         write_back([args[i] for i in mutated], list(new_values))
 
