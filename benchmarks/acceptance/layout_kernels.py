@@ -83,7 +83,7 @@ def selected(name, case, tokens):
 
 def cases(quick):
     """name -> Case: the shapes of the acceptance, or tiny ones with --quick."""
-    return {**channels_last_cases(quick), **nchw_cases(quick)}
+    return {**channels_last_cases(quick), **nchw_cases(quick), **conversion_cases(quick)}
 
 
 def channels_last_cases(quick):
@@ -255,6 +255,39 @@ def nchw_cases(quick):
         out[f"nchw_adaptive_avg_pool1x1_backward_{label(shape, bf16)}"] = case(
             adaptive_avg_pool_backward, pool_backward_inputs(shape, shape[:2] + (1, 1)), "pool", "backward",
             unread=(1,))
+    return out
+
+
+def conversion_cases(quick):
+    """Issue 42's conversions: the copies a layout pass inserts, NCHW to channels_last and back, at a stem's
+    three channels (a graph input, which every converted convolution net copies once a call) and at 64."""
+    import torch
+
+    cl = torch.channels_last
+
+    def to_channels_last(x):
+        return x.contiguous(memory_format=cl)
+
+    def to_nchw(x):
+        return x.contiguous()
+
+    def tensor(shape, dtype, memory_format):
+        def make(device):
+            g = torch.Generator().manual_seed(0)
+            return (torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+                    .contiguous(memory_format=memory_format),)
+        return make
+
+    shapes = [(2, 3, 8, 8)] if quick else [(32, 3, 224, 224), (32, 64, 112, 112)]
+    out = {}
+    for shape in shapes:
+        for dtype, suffix in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+            label = "x".join(map(str, shape)) + "_" + suffix
+            tags = ("issue42", "conversion")
+            out[f"convert_to_channels_last_{label}"] = Case(
+                to_channels_last, tensor(shape, dtype, torch.contiguous_format), tags=tags, issue=42, target=0.80)
+            out[f"convert_to_nchw_{label}"] = Case(to_nchw, tensor(shape, dtype, cl), tags=tags, issue=42,
+                                                   target=0.80)
     return out
 
 
