@@ -108,9 +108,10 @@ def can_run_kernels(gm):
     return reason is None, reason or ""
 
 
-def plan_graph(gm, forced=None, split=()):
+def plan_graph(gm, forced=None, split=(), wider=()):
     """FX graph -> scheduled Plan (no kernels run, nothing compiled); `forced` FX nodes run as ATen calls, `split`
-    FX nodes' values start kernels of their own (the floor's alternatives, runtime/floor.py). Unaligned matmuls
+    FX nodes' values start kernels of their own, `wider` FX nodes' reductions split across more programs (the
+    floor's alternatives, runtime/floor.py). Unaligned matmuls
     are padded first, in gm itself (passes/pad_matmuls.py), so its ATen fallback runs them too."""
     from brrr.compile.lowering.core import lower
     from brrr.compile.scheduling.schedule import schedule
@@ -118,7 +119,7 @@ def plan_graph(gm, forced=None, split=()):
     # gradient sums chain hundreds (Inductor raises the limit for the same reason)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
     prepare_graph(gm)
-    return schedule(lower(gm, forced), split)
+    return schedule(lower(gm, forced, wider), split)
 
 
 def prepare_graph(gm):
@@ -161,7 +162,7 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
         reason = None   # planned at symbolic sizes; CUDA graphs are then captured per shape (runtime/compiled.py)
     if reason:
         raise GraphFallback(reason)
-    forced, split, replans = {}, set(), []
+    forced, split, wider, replans = {}, set(), set(), []
     if statics is None:   # read now: a re-plan may run after AOTAutograd's context has closed
         statics = static_inputs(graph_kind)
 
@@ -173,7 +174,7 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
         cached = sink is None and graph_cache.enabled() and not symbolic_sizes
         if cached:
             prepare_graph(gm)   # keyed as planned: after the passes planning starts with
-        key = graph_cache.key(gm, graph_kind, forced, split, {"matmul_templates": matmul_templates}) \
+        key = graph_cache.key(gm, graph_kind, forced, split, {"matmul_templates": matmul_templates}, wider=wider) \
             if cached else None
         on_gpu = cuda_graphs if "cuda" in _devices(gm) else False
         compiled = graph_cache.load(key, gm, on_gpu) if key is not None else None
@@ -198,7 +199,7 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
         if sink is None and "cuda" in _devices(gm):
             compile_workers.start()   # they import torch and Triton while this graph is planned
         try:
-            plan = plan_graph(gm, forced, split)
+            plan = plan_graph(gm, forced, split, wider)
         except Exception as e:
             if debugging():
                 raise
@@ -212,12 +213,12 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
                                  for fx, why, scope in plan.lowering.fallbacks if scope == "op"]
         return compiled
 
-    def alternative(force=(), split_at=()):
-        """The graph compiled again with the FX nodes `force` as ATen calls and the plan split at `split_at`
-        (the floor's alternatives to a slow kernel, runtime/floor.py), or None where that cannot be built. The
-        choices stand only once `adopt`ed."""
-        before = dict(forced), set(split)
-        adopt(force, split_at)
+    def alternative(force=(), split_at=(), widen=()):
+        """The graph compiled again with the FX nodes `force` as ATen calls, the plan split at `split_at` and the
+        reductions of `widen` across more programs (the floor's alternatives to a slow kernel,
+        runtime/floor.py), or None where that cannot be built. The choices stand only once `adopt`ed."""
+        before = dict(forced), set(split), set(wider)
+        adopt(force, split_at, widen)
         try:
             return attempt()
         except (KernelFailed, GraphFallback) as e:
@@ -230,12 +231,15 @@ def compile_graph(gm, example_inputs, cuda_graphs="auto", sink=None, graph_kind=
             forced.update(before[0])
             split.clear()
             split.update(before[1])
+            wider.clear()
+            wider.update(before[2])
 
-    def adopt(force=(), split_at=()):
+    def adopt(force=(), split_at=(), widen=()):
         """Keep an alternative's choices: later plans (a re-plan after a failed kernel) start from them."""
         forced.update({fx: "measured: ATen ran faster than the kernel fusing it" for fx in force
                        if fx not in forced})
         split.update(split_at)
+        wider.update(widen)
 
     def replan(failure):
         """Add `failure`'s ops to the forced ones and compile again; None when no re-plan is left or it

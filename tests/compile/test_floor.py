@@ -225,6 +225,89 @@ def test_a_slow_kernel_keeps_the_warps_that_time_fastest_and_a_second_compile_ap
     assert [n for name, n in warps if _fuses_relu_and_mean(name)] == [8]
 
 
+def column_sum(x):
+    """Batch-norm statistics' shape of sum: over N, H, W of a channels_last tensor (a column reduction)."""
+    return torch.relu(x).sum((0, 2, 3))
+
+
+class WiderTimer(FakeTimer):
+    """A whole call is fast only while the slow kernel's reduction is split into partial sums, the ReLU still
+    fused into them (a wider split; splitting at the fusion stores the ReLU's value for a kernel of its own)."""
+
+    def kernel_times(self, graph, args, names):
+        self.kernel_calls += 1
+        graph.call(args)
+        return {n: self.kernel_s if "relu" in n else self.roofline_s for n in names}
+
+    def call_time(self, graph, args):
+        self.call_calls += 1
+        graph.call(args)
+        launched = [line.split("(")[0].strip() for line in graph.source.splitlines()
+                    if line.strip().startswith("brrr_")]
+        wider = "fallback" not in graph.source and len(launched) >= 2 and \
+            any("relu" in n and ("mean" in n or "sum" in n) for n in launched)
+        self.forms.append("wider" if wider else "other")
+        return 1.0 if wider else 3.0
+
+
+@pytest.mark.parametrize("fn,shape,channels_last", [(norm_block, (4, 2048), False),
+                                                    (column_sum, (4, 8, 16, 16), True)],
+                         ids=["rows", "columns"])
+def test_a_slow_reduction_keeps_a_wider_split_and_a_second_compile_applies_it(timer_of, fn, shape, channels_last):
+    """The floor's "wider" alternative: the slow kernel's reductions split across more programs. Kept where it
+    times fastest, equal to eager, and applied by a second compile, which times nothing."""
+    timer = timer_of(WiderTimer(0, 0, 0))
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(shape, generator=g, dtype=torch.float64)]
+    if channels_last:
+        args[0] = args[0].contiguous(memory_format=torch.channels_last)
+    else:
+        args.append(torch.randn(shape[-1], generator=g, dtype=torch.float64))
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled(fn)(*args), fn(*args))
+    [slow] = [v for v in floor.DECISIONS if v.tried]
+    assert slow.kept == "wider" and slow.tried["wider"] == 1.0 and slow.tried["fused"] == 3.0
+    assert "wider" in timer.forms
+    again = timer_of(WiderTimer(0, 0, 0))
+    torch._dynamo.reset()
+    refn = compiled(fn)
+    torch.testing.assert_close(refn(*args), fn(*args))
+    assert again.kernel_calls == 0 and again.call_calls == 0
+    launched = []
+    registry.LAUNCH_HOOK = lambda name: launched.append(name) or contextlib.nullcontext()
+    try:
+        torch.testing.assert_close(refn(*args), fn(*args))
+    finally:
+        registry.LAUNCH_HOOK = None
+    assert len(launched) >= 2   # the partial sums across more programs, then their sum
+
+
+def test_a_wider_split_takes_more_programs_than_the_plans_own():
+    """lowering.core's `wide` split: WIDE_FACTOR times the partial sums of the plan's own split of a few long
+    rows, and a split of columns the plan reduces whole (their values: the floor test above)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from brrr.compile.backend import plan_graph
+    from brrr.compile.lowering import core
+
+    def kernels(gm, wider):
+        return [k for kind, k in plan_graph(gm, {}, (), wider).steps if kind == "kernel"]
+
+    rows = make_fx(lambda t: (t.sum(1),))(torch.randn(4, 65536))
+    [fx] = [n for n in rows.graph.nodes if n.op == "call_function"]
+    planned, wide = kernels(rows, ()), kernels(rows, (fx,))
+    assert len(planned) == len(wide) == 2   # partial sums, then their sum
+    assert wide[0].roots[0].shape == (4, core.WIDE_FACTOR * planned[0].roots[0].shape[1])   # (rows, chunks)
+    assert core.widenable(planned[0].roots[0]) and core.widenable(planned[1].roots[0])
+    columns = make_fx(lambda t: (t.sum((0, 2, 3)),))(torch.randn(4, 8, 16, 16).contiguous(
+        memory_format=torch.channels_last))
+    [fx] = [n for n in columns.graph.nodes if n.op == "call_function"]
+    planned, wide = kernels(columns, ()), kernels(columns, (fx,))
+    assert len(planned) == 1 and len(wide) == 2 and wide[0].roots[0].shape[1] == 8   # (chunks, channels)
+    short = make_fx(lambda t: (t.sum(1),))(torch.randn(4, 256))
+    assert not any(core.widenable(k.roots[0]) for k in kernels(short, ()))   # too short to cut in two chunks
+
+
 def test_the_kept_form_comes_from_the_graph_cache_planning_nothing(timer_of, monkeypatch):
     from brrr.compile.runtime import graph_cache
 

@@ -210,9 +210,11 @@ def make_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body=None, acc_d
         node.meta["fake"] = torch.empty(out_shape, dtype=out_dtype, device="meta")
         node.meta["device"] = device_of(x)
         return node
-    split = None if rtype.startswith("arg") else reduction_split(x, dims)
+    wide = fx is not None and fx in L.wider
+    split = None if rtype.startswith("arg") else reduction_split(x, dims, wide)
     if split is not None:
-        return split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype, column=split == "column")
+        return split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype, column=split == "column",
+                               wide=wide)
     node = ir.reduction(L.fresh("red"), out_shape, out_dtype, body, src_shape, dims, rtype, fx=fx,
                         ops=(op_name(fx.target),) if fx is not None else ())
     node.meta["acc_dtype"] = acc_dtype
@@ -236,6 +238,8 @@ SPLIT_COLUMN_FEW_X_MIN_NUMEL = 1 << 17            # ... from this many elements 
                                                    # its roofline, a whole call's time each way the floor tried)
 SPLIT_COLUMN_MIN_CHUNK = 256   # rows a column split's chunk holds at least where the last one is masked, ...
 SPLIT_COLUMN_MIN_EXACT_CHUNK = 64   # ... and where the chunks tile the rows exactly (column_chunks)
+WIDE_FACTOR = 4        # the floor's "wider" alternative: this many times the programs a split would give ...
+WIDE_MIN_CHUNK = 256   # ... a row split in chunks of at least this many elements
 
 
 def memory_order(x):
@@ -259,11 +263,15 @@ def is_column(x, dims):
     return inner is not None and inner not in dims
 
 
-def reduction_split(x, dims):
+def reduction_split(x, dims, wide=False):
     """'row' or 'column' when reducing x over `dims` in one kernel would leave the GPU idle, else None:
     a few long rows (a row's program loops alone), or long columns over few kept elements (a column
     reduction's program covers COLUMN_XBLOCK columns, so 256 channels would be 4 programs), from
-    SPLIT_COLUMN_MIN_NUMEL elements, or from SPLIT_COLUMN_FEW_X_MIN_NUMEL where the columns are fewer still."""
+    SPLIT_COLUMN_MIN_NUMEL elements, or from SPLIT_COLUMN_FEW_X_MIN_NUMEL where the columns are fewer still.
+    `wide` (the floor's "wider" alternative for a slow kernel's reductions): split whatever these rules say,
+    where its rows are long enough to cut in two."""
+    if wide and _widens(_prod_hint(x.shape[d] for d in dims)):
+        return "column" if is_column(x, dims) else "row"
     shape = tuple(x.shape)
     rsize = xnumel = 1
     for d, s in enumerate(shape):   # a heuristic: symbolic sizes are read at their hints, adding no guard
@@ -284,13 +292,32 @@ def reduction_split(x, dims):
     return "row" if SPLIT_MIN_R <= rsize and xnumel <= SPLIT_MAX_X else None
 
 
-def reads_in_one_tile(x, dims):
+def _prod_hint(sizes):
+    out = 1
+    for s in sizes:
+        out *= hint(s)
+    return out
+
+
+def _widens(rows):
+    return rows >= 2 * WIDE_MIN_CHUNK
+
+
+def widenable(node):
+    """Whether the floor's "wider" alternative changes reduction `node` (a root of a planned kernel): an
+    arg-reduction never splits, and rows shorter than two chunks stay whole."""
+    if node.kind != "reduction" or node.fx is None or node.rtype.startswith("arg"):
+        return False
+    return _widens(node.meta.get("split_rows") or _prod_hint(node.src_shape[d] for d in node.dims))
+
+
+def reads_in_one_tile(x, dims, wide=False):
     """Whether codegen holds each row of this reduction in registers at once (a persistent reduction): then a
     second reduction over the same row (variance around the mean) reads registers, not memory again."""
     rsize = 1
     for d in dims:
         rsize *= x.shape[d]
-    if reduction_split(x, dims) is not None or is_symbolic(rsize):   # codegen loops rows of symbolic length
+    if reduction_split(x, dims, wide) is not None or is_symbolic(rsize):   # codegen loops rows of symbolic length
         return False
     return rsize <= (COLUMN_PERSISTENT_MAX if is_column(x, dims) else PERSISTENT_MAX)
 
@@ -308,7 +335,7 @@ def identity(rtype, dtype):
     return Const(info.min if rtype == "max" else info.max, dtype)
 
 
-def column_chunks(rsize, xnumel, exact=True):
+def column_chunks(rsize, xnumel, exact=True, programs=None):
     """Chunks a column split cuts `rsize` rows into: about SPLIT_COLUMN_PROGRAMS programs of COLUMN_XBLOCK kept
     elements. With `exact` (static sizes), the count within a factor of two of that whose chunks tile the rows
     exactly in steps of COLUMN_MIN_RBLOCK rows, chunks of at least SPLIT_COLUMN_MIN_EXACT_CHUNK rows, where
@@ -317,7 +344,7 @@ def column_chunks(rsize, xnumel, exact=True):
     bias gradient's [8192, 3072] sum read at 46% of copy in 22 masked chunks, at 83% in 16 exact ones; a layer
     norm's weight and bias gradients over [8192, 768] took 17.8 us in 32 chunks, 10.0 in 64: NOTES, "Column sums
     in chunks that tile their rows")."""
-    wanted = -(-SPLIT_COLUMN_PROGRAMS * COLUMN_XBLOCK // max(xnumel, 1))
+    wanted = -(-(programs or SPLIT_COLUMN_PROGRAMS) * COLUMN_XBLOCK // max(xnumel, 1))
     if exact:
         target = max(2, min(wanted, rsize // SPLIT_COLUMN_MIN_EXACT_CHUNK))
         tiling = [c for c in range(max(2, target // 2), 2 * target + 1) if rsize % c == 0
@@ -327,12 +354,13 @@ def column_chunks(rsize, xnumel, exact=True):
     return max(2, min(wanted, rsize // SPLIT_COLUMN_MIN_CHUNK))
 
 
-def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype, column=False):
+def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype, column=False, wide=False):
     """Reduce each row's R elements as C chunks of B (one kernel), then the C partials (a second kernel). The
     kept elements are numbered X in x's memory order, and so are the reduced ones, so both kernels read
     memory in order. Few long rows: partial space (X, C, B) reducing B. Columns (the innermost dim in memory is
     kept, e.g. bias grads, channels_last statistics): (C, B, X) reducing B, so consecutive x stay contiguous
-    and X * C / COLUMN_XBLOCK programs share the work."""
+    and X * C / COLUMN_XBLOCK programs share the work. `wide`: WIDE_FACTOR times the programs (rows: in chunks
+    of at least WIDE_MIN_CHUNK)."""
     src_shape = tuple(x.shape)
     order = memory_order(x)
     kept_dims = [d for d in order if d not in dims]       # innermost first
@@ -346,9 +374,10 @@ def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype
     # the number of chunks is fixed at the hint sizes (the final kernel reduces that many partials); with
     # symbolic sizes the chunk length is an expression, and chunks past a shorter row's end add the identity
     x_hint, r_hint = hint(xnumel), hint(rsize)
-    chunks = max(2, min((r_hint + 1023) // 1024, max(1, 2048 // max(x_hint, 1))))
+    factor, least = (WIDE_FACTOR, WIDE_MIN_CHUNK) if wide else (1, 1024)
+    chunks = max(2, min(-(-r_hint // least), max(1, factor * 2048 // max(x_hint, 1))))
     if column:
-        chunks = column_chunks(r_hint, x_hint, exact=not is_symbolic(rsize))
+        chunks = column_chunks(r_hint, x_hint, exact=not is_symbolic(rsize), programs=factor * SPLIT_COLUMN_PROGRAMS)
     block = (rsize + chunks - 1) // chunks
 
     def partial_body(idx):
@@ -369,7 +398,7 @@ def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype
         ((xnumel, chunks), (xnumel, chunks, block), (2,))
     ops = (op_name(fx.target),) if fx is not None else ()
     part = ir.reduction(L.fresh("red"), pshape, part_dtype, partial_body, pspace, pdims, rtype, fx=fx, ops=ops)
-    part.meta.update(acc_dtype=acc_dtype, device=device_of(x), order=layout.row_major(3),
+    part.meta.update(acc_dtype=acc_dtype, device=device_of(x), order=layout.row_major(3), split_rows=r_hint,
                      fake=torch.empty(pshape, dtype=part_dtype, device="meta"))
     if column:   # seen here, in x's own dims: the partial's rows unflatten through a division the layout check skips
         part.meta["reads_along_rows"] = layout.reads_along_rows(x(layout.dim_vars(src_shape)), src_shape, dims)
@@ -394,7 +423,7 @@ def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype
     by_memory = sorted(out_stride, key=out_stride.get) + [j for j in range(n_out) if j not in out_stride]
     final = ir.reduction(L.fresh("red"), out_shape, out_dtype, final_body, tuple(out_shape) + (chunks,), (n_out,),
                          rtype, fx=fx, ops=ops)
-    final.meta.update(acc_dtype=acc_dtype, device=device_of(x),
+    final.meta.update(acc_dtype=acc_dtype, device=device_of(x), split_rows=r_hint,
                       order=tuple(by_memory + [n_out]) if column else tuple([n_out] + by_memory),
                       fake=torch.empty(out_shape, dtype=out_dtype, device="meta"))
     L.add(final)
@@ -413,9 +442,10 @@ def kept_index(src_idx, dims, out_shape):
 class Lowering:
     """Walks an FX graph and builds IR nodes; `nodes` keeps creation order (a valid topological order)."""
 
-    def __init__(self, gm, forced=None):
+    def __init__(self, gm, forced=None, wider=()):
         self.gm = gm
         self.forced = dict(forced or {})   # fx node -> reason: ops of a kernel that failed, run as ATen
+        self.wider = frozenset(wider)      # fx nodes whose reductions split across more programs (the floor's)
         self.env = {}
         self.nodes = []
         self.outputs = []
@@ -599,7 +629,8 @@ def _nodes(args, kwargs):
     return out
 
 
-def lower(gm, forced=None):
-    """`gm` as IR; `forced` maps FX nodes to the reason they must run as ATen calls (a failed kernel's ops)."""
-    return Lowering(gm, forced).run()
+def lower(gm, forced=None, wider=()):
+    """`gm` as IR; `forced` maps FX nodes to the reason they must run as ATen calls (a failed kernel's ops);
+    the reductions of the FX nodes `wider` split across more programs than the plan's rules give."""
+    return Lowering(gm, forced, wider).run()
 

@@ -98,7 +98,7 @@ def lower_var(L, fx, x, dims=None, *, correction=None, keepdim=False, **kw):
         n *= x.shape[d]
     acc = torch.float32 if out in (torch.float16, torch.bfloat16) else out
     denom = max(n - correction, 0)
-    if n and not reads_in_one_tile(x, dims):
+    if n and not reads_in_one_tile(x, dims, fx in L.wider):
         mean_at, var_at = _shifted_moments(L, fx, x, dims, vshape, acc, n)
     else:
         mean_at, var_at = _two_pass_moments(L, fx, x, dims, vshape, acc, n)

@@ -12,10 +12,11 @@ How, on the first call of a graph on a GPU (CompiledGraph._first_call runs `sett
   bytes at the measured copy bandwidth and FLOPs at the measured FP32 rate (brrr.cost.device's ceilings).
 - A kernel is slow below THRESHOLD of its roofline, where at least AT_STAKE seconds a call could be won.
 - For the slow kernels, the most at stake first (MAX_SLOW sources; the kernels of one source, a repeated layer's,
-  are one decision), the alternatives: the kernel launched with half and with twice its warps, then two forms
-  compiled through the backend's `alternative` (backend.compile_graph): the plan split at the kernel's fusions
-  (its later roots start kernels of their own, and the values its reductions read are stored), and the kernel's
-  ops as ATen calls. The graph as it stands and each alternative are timed as
+  are one decision), the alternatives: the kernel launched with half and with twice its warps, then three forms
+  compiled through the backend's `alternative` (backend.compile_graph): its reductions split across WIDE_FACTOR
+  times the programs (lowering.core.split_reduction; split where the plan kept them whole), the plan split at
+  the kernel's fusions (its later roots start kernels of their own, and the values its reductions read are
+  stored), and the kernel's ops as ATen calls. The graph as it stands and each alternative are timed as
   whole calls (CUDA events, the median of CALL_SAMPLES, after a checking call); an alternative is kept when it
   saves MARGIN. Choices accumulate, kernel by kernel.
 - Every timed call is queued behind a GPU spin that outlasts the host's queueing (`behind_head_start`), so
@@ -54,7 +55,7 @@ KERNEL_SAMPLES = 2     # instrumented calls; each kernel keeps its least time
 CALL_SAMPLES = 5       # timed whole calls per candidate, after one checking call
 HEAD_START_CYCLES = 20_000_000   # ~10 ms of GPU clock: the first head start, grown while the host outlasts it
 MAX_HEAD_START_CYCLES = 16 * HEAD_START_CYCLES   # ~160 ms: a call the host queues slower is timed as it queues
-VERSION = 6            # of the verdicts' format and rules: a change makes old verdicts miss
+VERSION = 7            # of the verdicts' format and rules: a change makes old verdicts miss
 
 TIMER = None           # a stand-in for DeviceTimer (tests)
 DECISIONS = []         # Verdict records, process-wide, in the order they were made
@@ -69,6 +70,7 @@ class KernelChoice:
     bytes: int
     fx_nodes: tuple        # the ops it computes: run as ATen, the alternative "aten"
     split_at: tuple        # the FX nodes whose values start kernels of their own, the alternative "split"
+    reductions: tuple = ()   # the FX nodes of its reductions: split across more programs, the alternative "wider"
 
 
 @dataclass
@@ -77,7 +79,7 @@ class Verdict:
     kernel: str
     measured_s: float
     roofline_s: float
-    tried: dict = field(default_factory=dict)   # way ("fused", "split", "aten") -> seconds of a whole call
+    tried: dict = field(default_factory=dict)   # way ("fused", "wider", "split", ...) -> seconds of a whole call
     kept: str = "fused"
 
     @property
@@ -113,8 +115,16 @@ def describe(plan, kernels, fx_nodes_of):
             continue
         nodes = fx_nodes_of(step, src)
         out.append(KernelChoice(src.name, source_digest(src.source, src.function), work.flops, work.bytes, nodes,
-                                _split_points(step, nodes)))
+                                _split_points(step, nodes), _reductions(step)))
     return out
+
+
+def _reductions(step):
+    """The FX nodes of a kernel's reductions that a wider split would change (a split one's partial sums and
+    its final sum alike)."""
+    from brrr.compile.lowering.core import widenable
+
+    return tuple(dict.fromkeys(r.fx for r in step.roots if widenable(r)))
 
 
 def _split_points(step, nodes):
@@ -348,7 +358,8 @@ def _settle(graph, args):
 
 def _try_alternatives(graph, args, timer, slow, digests):
     """For each slow kernel in turn, on the graph's fastest form so far: its launch with half and twice the warps,
-    then the plan split at its fusions and its ops as ATen calls (each kept by whole-call time, MARGIN). Kernels of
+    then its reductions split wider, the plan split at its fusions and its ops as ATen calls (each kept by
+    whole-call time, MARGIN). Kernels of
     one source (a repeated layer's) are one decision, taken for all of them: a cached verdict is applied by
     source (`_apply`), so the form timed here is the form a second compile builds.
 
@@ -356,7 +367,7 @@ def _try_alternatives(graph, args, timer, slow, digests):
     gets none: no alternative can save more than that gap, so none could be kept, and each costs a compile (a
     re-plan of the whole graph for split and ATen)."""
     base = timer.call_time(graph, args)
-    force, split, warps, best = set(), set(), {}, None
+    force, split, widen, warps, best = set(), set(), set(), {}, None
     for digest, stake, verdicts in _by_source(slow)[:MAX_SLOW]:
         if stake < (1 - MARGIN) * base:
             for v in verdicts:
@@ -365,6 +376,7 @@ def _try_alternatives(graph, args, timer, slow, digests):
         same = [c for c in graph.kernel_choices if c.digest == digest]
         fx_nodes = {fx for c in same for fx in c.fx_nodes}
         split_at = {fx for c in same for fx in c.split_at}
+        reductions = {fx for c in same for fx in c.reductions}
         tried, kept = {"fused": base}, "fused"
         current = best or graph
         names = _names_of(current, digest)
@@ -379,28 +391,29 @@ def _try_alternatives(graph, args, timer, slow, digests):
                 base, kept, warps[digest] = t, f"{w} warps", w
         if digest in warps:
             glb.update(variants[warps[digest]])
-        for way in ("split", "aten"):
-            if way == "split" and not split_at - split:
-                continue   # nothing to split: the same plan
+        for way in ("wider", "split", "aten"):
+            if (way == "split" and not split_at - split) or (way == "wider" and not reductions - widen):
+                continue   # nothing to split, or no reduction to split wider: the same plan
             f = force | fx_nodes if way == "aten" else force
             p = split | split_at if way == "split" else split
-            alt = graph.alternative(tuple(f), tuple(p))
-            if alt is None:
-                continue
+            w = widen | reductions if way == "wider" else widen
+            alt = graph.alternative(tuple(f), tuple(p), tuple(w))
+            if alt is None or alt.source == current.source:
+                continue   # not built, or the same kernels (a split already at its widest)
             _apply_warps(alt, {d: n for d, n in warps.items() if d != digest})
             t = tried[way] = timer.call_time(alt, args)
             if t < MARGIN * base:
                 base, best, kept = t, alt, way
-                kept_force, kept_split = f, p
-        if kept in ("split", "aten"):
+                kept_choices = f, p, w
+        if kept in ("wider", "split", "aten"):
             warps.pop(digest, None)
-            force, split = kept_force, kept_split
+            force, split, widen = kept_choices
         if kept != "fused":
             digests[digest] = kept
         for v in verdicts:
             v.tried, v.kept = dict(tried), kept
     if best is not None:
-        graph.adopt(tuple(force), tuple(split))
+        graph.adopt(tuple(force), tuple(split), tuple(widen))
         _adopt_form(graph, best)
 
 
@@ -449,21 +462,23 @@ def _apply(graph, digests, verdicts):
     """A cached verdict: build the kept form at once, timing nothing."""
     if not digests:
         return False
-    force, split, warps = set(), set(), {}
+    force, split, widen, warps = set(), set(), set(), {}
     for c in graph.kernel_choices:
         way = digests.get(c.digest)
         if way == "aten":
             force |= set(c.fx_nodes)
         elif way == "split":
             split |= set(c.split_at)
+        elif way == "wider":
+            widen |= set(c.reductions)
         elif way is not None and way.endswith(" warps"):
             warps[c.digest] = int(way.split()[0])
     form = graph
-    if force or split:
-        form = graph.alternative(tuple(force), tuple(split))
+    if force or split or widen:
+        form = graph.alternative(tuple(force), tuple(split), tuple(widen))
         if form is None:
             return False
-        graph.adopt(tuple(force), tuple(split))
+        graph.adopt(tuple(force), tuple(split), tuple(widen))
         _adopt_form(graph, form)
     _apply_warps(graph, warps)
     return True

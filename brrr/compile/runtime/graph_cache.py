@@ -42,7 +42,7 @@ from brrr.compile.cache import folder, write_atomic
 from brrr.compile.runtime import floor, kernel_registry
 from brrr.compile.runtime.compiled import KernelSpec, assemble
 
-FORMAT = 3
+FORMAT = 4
 MAX_CONSTANT_BYTES = 16 << 20   # constants hashed into the key; a graph reading a larger one is not kept
 STATS = {"hits": 0, "misses": 0, "stored": 0, "planned": 0, "refused": 0}
 _IGNORED_SETTINGS = {"BRRR_CACHE_DIR", "BRRR_DUMP_DIR", "BRRR_GRAPH_CACHE"}
@@ -95,9 +95,9 @@ def _symbolic(val):
     return False
 
 
-def key(gm, kind, forced=(), split=(), options=None, extra=()):
-    """The entry's name for `gm` planned as `kind` with the FX nodes `forced` to ATen and the plan `split` at
-    `split`, or None when it is not kept (symbolic sizes, constants this cache cannot key). `extra`: more of what
+def key(gm, kind, forced=(), split=(), options=None, extra=(), wider=()):
+    """The entry's name for `gm` planned as `kind` with the FX nodes `forced` to ATen, the plan `split` at
+    `split` and the reductions of `wider` split wider, or None when it is not kept (symbolic sizes, constants this cache cannot key). `extra`: more of what
     the entry depends on, as text (aot_cache.py: the caller's grad and autocast state)."""
     import triton
 
@@ -114,7 +114,8 @@ def key(gm, kind, forced=(), split=(), options=None, extra=()):
                   os.environ.get("TRITON_INTERPRET", ""), sorted((options or {}).items()),
                   # fp32 matmuls as TF32 or IEEE: the padding decisions and the matmul templates follow it
                   torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
-                  sorted(n.name for n in forced), sorted(n.name for n in split), list(extra), gm.code):
+                  sorted(n.name for n in forced), sorted(n.name for n in split), sorted(n.name for n in wider),
+                  list(extra), gm.code):
             part(p)
         for node in gm.graph.nodes:
             val = node.meta.get("val", node.meta.get("example_value"))
@@ -230,7 +231,8 @@ def store(k, compiled, gm):
                                                                             for d in s.warm_dtypes]}
                         for s in specs],
             "choices": [{"name": c.name, "digest": c.digest, "flops": c.flops, "bytes": c.bytes,
-                         "fx_nodes": [n.name for n in c.fx_nodes], "split_at": [n.name for n in c.split_at]}
+                         "fx_nodes": [n.name for n in c.fx_nodes], "split_at": [n.name for n in c.split_at],
+                         "reductions": [n.name for n in c.reductions]}
                         for c in compiled.kernel_choices],
             "registry": {s.function: _registry_entry(s.function) for s in specs},
             "fallbacks": [list(f) for f in getattr(compiled, "op_fallbacks", ())],
@@ -305,7 +307,8 @@ def load(k, gm, cuda_graphs):
                                     spec["symbols"], None if spec["warm_dtypes"] is None else
                                     tuple(getattr(torch, d) for d in spec["warm_dtypes"]), binary, claimed))
         choices = [floor.KernelChoice(c["name"], c["digest"], c["flops"], c["bytes"],
-                                      tuple(nodes[n] for n in c["fx_nodes"]), tuple(nodes[n] for n in c["split_at"]))
+                                      tuple(nodes[n] for n in c["fx_nodes"]), tuple(nodes[n] for n in c["split_at"]),
+                                      tuple(nodes[n] for n in c["reductions"]))
                    for c in payload["choices"]]
     except (Unkept, KeyError, AttributeError, RuntimeError, TypeError, ValueError):
         STATS["misses"] += 1
