@@ -51,7 +51,7 @@ def main():
     import torch
     from triton.testing import do_bench
 
-    import brrr  # noqa: F401
+    from brrr.compile.backend import brrr_backend
     from catalog import all_configs
 
     configs = {c.name: c for c in all_configs()}
@@ -63,7 +63,7 @@ def main():
             torch.manual_seed(0)
             work = cfg.build("cuda", False)
             if backend == "brrr":
-                fn = torch.compile(work.model, backend="brrr")
+                fn = torch.compile(work.model, backend=brrr_backend)
             elif backend == "inductor-reduce-overhead":
                 fn = torch.compile(work.model, mode="reduce-overhead")
             else:
