@@ -4,9 +4,11 @@ For each named sweep configuration, brrr and Inductor (reduce-overhead) in one p
 (`do_bench` median, the sweep's measure), its device time profiled (every kernel, summed by name, per call),
 and brrr's generated calls and kernels (BRRR_DUMP_DIR and the kernel cache, copied under --out).
 
-Prediction (DenseNet121 bf16 inference, 2.27 ms against 2.00): the difference sits in a few kernels, the
-largest a copy the sweep's floor verdicts read at 3-6% of its roofline (63 us against 2), the NCHW input
-converted to channels_last with 3 channels innermost in [1024, 4] tiles.
+Prediction (DenseNet121 bf16 inference, 2.27 ms against 2.00 in the sweep, whose reduce-overhead row is a cached
+one scaled by eager's ratio): the difference sits in a few kernels, the largest a copy the sweep's floor verdicts
+read at 3-6% of its roofline (63 us against 2). Found: 2.278 ms against reduce-overhead's 2.839 in one process;
+the copy is the 58 3x3 weights converted to channels_last in one kernel of 10 programs (60.9 us). With each
+weight's blocks programs of their own (codegen SPREAD_BELOW), predicted ~5 us, the call ~2.22 ms.
 
     PYTHONPATH=$PWD python3 benchmarks/probes/where_does_a_convnet_step_trail_reduce_overhead.py \
         --only tv-densenet121-infer-bf16 --out $OUT/probe
@@ -69,9 +71,12 @@ def main():
             else:
                 fn = torch.compile(work.model)
 
+            amp = cfg.precision == "amp"
+
             def call():
                 if work.train:
-                    loss = fn(*work.inputs)
+                    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+                        loss = fn(*work.inputs)
                     loss.backward()
                     for prm in work.model.parameters():
                         prm.grad = None
@@ -85,6 +90,12 @@ def main():
             kernels = profile_kernels(call)
             busy = sum(r[1] for r in kernels) * 1e-6
             rows[backend] = {"wall_s": wall, "busy_s": busy, "kernels": kernels}
+            if backend == "brrr":
+                from brrr.compile.runtime import floor
+                rows[backend]["floor"] = [str(v) for v in floor.DECISIONS if v.tried]
+                for line in rows[backend]["floor"]:
+                    print("    floor:", line[:300])
+                floor.DECISIONS.clear()
             print(f"{name} {backend}: {wall * 1e3:.3f} ms a call, {busy * 1e3:.3f} ms of kernels", flush=True)
             for k, us, n in kernels[:25]:
                 print(f"    {us:8.1f} us  x{n:<4d} {k[:110]}")

@@ -591,3 +591,33 @@ def test_a_batch_norm_backward_over_few_channels_splits_its_sums_across_the_gpu(
     assert full and not any(k.dims and len(k.shape) == 4 for k in full)   # no unsplit reduction over x
     partials = [(k, src) for k, src in kernels.items() if k.dims and len(k.shape) == 3]
     assert partials and all(math.prod(src.grid) >= 132 for _, src in partials)
+
+
+def test_independent_conversions_in_one_small_kernel_each_get_programs_of_their_own():
+    """Five weight-sized copies to channels_last share one kernel's space but no input: each gets the blocks of
+    its own (grid 5 x blocks, `member` picking the copy), where one program did all five; copies that share an
+    input stay in one member. Values and strides are eager's."""
+    from brrr.compile.codegen.triton import SPREAD_BELOW
+
+    def convert(*ws):
+        return [w.contiguous(memory_format=torch.channels_last) for w in ws]
+
+    def shared(x, y):   # two outputs of x, one of y: two members
+        return x * 2, (x + 1).relu(), y - 1
+
+    ws = [torch.randn(32, 16, 3, 3) for _ in range(5)]
+    out = compiled(convert)(*ws)
+    for o, r in zip(out, convert(*ws)):
+        assert torch.equal(o, r) and o.stride() == r.stride()
+    [(_, _, sources)] = plans(convert, *ws)
+    [src] = sources.values()
+    assert src.source.count("if member == ") == 5 and src.grid[0] % 5 == 0 and src.grid[0] // 5 < SPREAD_BELOW
+    x, y = torch.randn(300), torch.randn(300)
+    for o, r in zip(compiled(shared)(x, y), shared(x, y)):
+        torch.testing.assert_close(o, r)
+    [(_, _, sources)] = plans(shared, x, y)
+    [src] = sources.values()
+    assert src.source.count("if member == ") == 2 and src.grid == (2,)
+    big = torch.randn(SPREAD_BELOW * 1024), torch.randn(SPREAD_BELOW * 1024)
+    [(_, _, sources)] = plans(shared, *big)
+    assert "member" not in next(iter(sources.values())).source   # enough blocks already: one program each
