@@ -4,7 +4,8 @@ Eager and Inductor do not change when brrr does, so the sweep measures Inductor'
 (configuration, what it computes, GPU model, torch and triton versions) and keeps their rows with the eager
 times of that same run. A later run re-times eager only and scales each cached Inductor time by eager's ratio,
 then against now (`median_s` by the medians' ratio, `steady_s` by the back-to-back times'), so that a slower
-or faster host moves both sides alike; memory and compile times are kept as measured. A change of GPU,
+or faster host moves both sides alike; memory and compile times are kept as measured. Where eager's ratio
+strays beyond STALE_SCALE the peers are measured again in this run instead (`stale`). A change of GPU,
 torch, triton or of the configuration's model or inputs is a miss: the peers are measured again.
 `--remeasure-peers` measures them again regardless.
 """
@@ -56,6 +57,20 @@ class PeerCache:
     def merge(self, other):
         """Take `other`'s entries (a worker's cache, a later run's) over these."""
         self.entries.update(other.entries)
+
+
+STALE_SCALE = (0.85, 1.15)   # eager's ratio outside this: the peers are measured again, not scaled
+
+
+def stale(entry, eager_row):
+    """Whether eager's time in this run strays from the cached run's by more than STALE_SCALE allows. Scaling
+    assumes every backend moves with eager; a host-bound eager moves with the host while a replayed peer barely
+    does: DenseNet121 bf16 inference's eager read 0.68x of its cached run's, its reduce-overhead row scaled to
+    2.00 ms, and measured beside brrr in one process it took 2.84 (benchmarks/NOTES.md)."""
+    then, now = entry["eager"].get("median_s"), eager_row.get("median_s")
+    if not then or not now:
+        return False
+    return not STALE_SCALE[0] <= now / then <= STALE_SCALE[1]
 
 
 def scaled_rows(entry, eager_row):

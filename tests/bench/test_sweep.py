@@ -137,13 +137,13 @@ def test_a_backend_computing_another_function_is_wrong(catalog):
     assert noisy["status"] == "wrong" and "3x eager's" in noisy["reason"]
 
 
-def _fake_measure(calls):
+def _fake_measure(calls, later=1.1):
     def fake(config, work, backends, device, warmup, rep, profile=False):
         calls.append(list(backends))
-        scale = 2.0 if len(calls) > 1 else 1.0   # the host of later runs is twice as slow
+        scale = later if len(calls) > 1 else 1.0   # the host of later runs is this much slower
         times = {"eager": 10e-3, "brrr": 5e-3, "inductor": 8e-3, "inductor-reduce-overhead": 6e-3}
         return {b: {"backend": b, "status": "ok", "median_s": times[b] * scale, "steady_s": times[b] * scale,
-                    "peak_memory_bytes": 100} for b in backends}
+                    "peak_memory_bytes": 100} for b in ["eager"] + [b for b in backends if b != "eager"]}
     return fake
 
 
@@ -163,13 +163,33 @@ def test_peer_cache_is_reused_scaled_and_invalidated_by_versions_or_gpu(catalog,
     second = sweep.run_config(config, backends, "cpu", cache, h100, True, 5, False, measure_fn=_fake_measure(calls))
     assert calls[-1] == ["eager", "brrr"]                                 # the peers came from the cache
     peer = second["rows"]["inductor"]
-    assert math.isclose(peer["median_s"], 16e-3) and peer["cached"]["eager_scale"]["median_s"] == 2.0
+    assert math.isclose(peer["median_s"], 8.8e-3) and math.isclose(peer["cached"]["eager_scale"]["median_s"], 1.1)
     for changed in (sweep.Versions("H200", "2.11", "3.6", "abc", "d2"), sweep.Versions("H100", "2.12", "3.6", "abc", "d2"),
                     sweep.Versions("H100", "2.11", "3.7", "abc", "d2")):
         sweep.run_config(config, backends, "cpu", cache, changed, True, 5, False, measure_fn=_fake_measure(calls))
         assert calls[-1] == backends                                      # another GPU or version: measured again
     (tmp_path / "torn.json").write_text('{"half')
     assert peers.PeerCache(tmp_path / "torn.json").entries == {}         # a torn file is not trusted
+
+
+def test_peers_cached_under_an_eager_too_far_from_this_runs_are_measured_again(catalog, tmp_path):
+    """Scaling by eager's ratio assumes every backend moves with eager; past STALE_SCALE the peers are measured
+    beside brrr again, and the cache keeps the new rows."""
+    sweep = load("sweep", "run_sweep")
+    peers = load("sweep", "peers")
+    models = load("zoo", "models")
+    config = _tiny_config(catalog, models, False, "fp32")
+    backends = ["eager", "brrr", "inductor", "inductor-reduce-overhead"]
+    calls, cache = [], peers.PeerCache(tmp_path / "peers.json")
+    h100 = sweep.Versions("H100", "2.11", "3.6", "abc", "d1")
+    fake = _fake_measure(calls, later=2.0)   # this run's host: eager twice as slow as the cached run's
+    sweep.run_config(config, backends, "cpu", cache, h100, True, 5, False, measure_fn=fake)
+    again = sweep.run_config(config, backends, "cpu", cache, h100, True, 5, False, measure_fn=fake)
+    assert calls[1:] == [["eager", "brrr"], ["inductor", "inductor-reduce-overhead"]]
+    peer = again["rows"]["inductor"]
+    assert "cached" not in peer and math.isclose(peer["median_s"], 16e-3)   # measured now, not scaled
+    [entry] = cache.entries.values()
+    assert math.isclose(entry["eager"]["median_s"], 20e-3)
 
 
 def _row(backend, ms, status="ok", peak=None, reserved=None):
