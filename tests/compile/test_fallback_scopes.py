@@ -79,7 +79,7 @@ def test_symbolic_graph_past_its_shape_bound_runs_dynamos_graph_without_decompos
 def test_planning_failure_runs_dynamos_graph(monkeypatch):
     monkeypatch.delenv("BRRR_DEBUG", raising=False)
 
-    def planning_fails(gm, forced=None, split=()):
+    def planning_fails(gm, *args, **kwargs):
         raise RuntimeError("a planning bug")
     monkeypatch.setattr(backend, "plan_graph", planning_fails)
     seen, returned = [], []

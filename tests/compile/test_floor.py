@@ -298,14 +298,14 @@ def test_a_wider_split_takes_more_programs_than_the_plans_own():
     planned, wide = kernels(rows, ()), kernels(rows, (fx,))
     assert len(planned) == len(wide) == 2   # partial sums, then their sum
     assert wide[0].roots[0].shape == (4, core.WIDE_FACTOR * planned[0].roots[0].shape[1])   # (rows, chunks)
-    assert core.widenable(planned[0].roots[0]) and core.widenable(planned[1].roots[0])
+    assert planned[0].roots[0].meta["widenable"] and planned[1].roots[0].meta["widenable"]
     columns = make_fx(lambda t: (t.sum((0, 2, 3)),))(torch.randn(4, 8, 16, 16).contiguous(
         memory_format=torch.channels_last))
     [fx] = [n for n in columns.graph.nodes if n.op == "call_function"]
     planned, wide = kernels(columns, ()), kernels(columns, (fx,))
     assert len(planned) == 1 and len(wide) == 2 and wide[0].roots[0].shape[1] == 8   # (chunks, channels)
     short = make_fx(lambda t: (t.sum(1),))(torch.randn(4, 256))
-    assert not any(core.widenable(k.roots[0]) for k in kernels(short, ()))   # too short to cut in two chunks
+    assert not any(k.roots[0].meta["widenable"] for k in kernels(short, ()))   # too short to cut in two chunks
 
 
 def test_the_kept_form_comes_from_the_graph_cache_planning_nothing(timer_of, monkeypatch):

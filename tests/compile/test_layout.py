@@ -597,7 +597,7 @@ def test_independent_conversions_in_one_small_kernel_each_get_programs_of_their_
     """Five weight-sized copies to channels_last share one kernel's space but no input: each gets the blocks of
     its own (grid 5 x blocks, `member` picking the copy), where one program did all five; copies that share an
     input stay in one member. Values and strides are eager's."""
-    from brrr.compile.codegen.triton import SPREAD_BELOW
+    from brrr.compile.codegen.spread import SPREAD_BELOW
 
     def convert(*ws):
         return [w.contiguous(memory_format=torch.channels_last) for w in ws]

@@ -53,7 +53,7 @@ def no_symbolic_plans(monkeypatch):
 def test_one_symbolic_compile_serves_every_later_shape(monkeypatch):
     planned = []
     real_plan = backend.plan_graph
-    monkeypatch.setattr(backend, "plan_graph", lambda gm, forced=None, split=(): planned.append(gm) or real_plan(gm, forced, split))
+    monkeypatch.setattr(backend, "plan_graph", lambda gm, *a, **k: planned.append(gm) or real_plan(gm, *a, **k))
     last = fallbacks.LOG[-1] if fallbacks.LOG else None   # the log keeps the latest 1000: watch its tail
     cf, returned = compiled_with_returns(norm_matmul, symbolic_sizes=True)
     w = torch.randn(16, 8, dtype=torch.float64)
@@ -67,7 +67,7 @@ def test_one_symbolic_compile_serves_every_later_shape(monkeypatch):
 def test_each_new_shape_gets_brrrs_kernels_and_matches_eager(monkeypatch, no_symbolic_plans):
     planned = []
     real_plan = backend.plan_graph
-    monkeypatch.setattr(backend, "plan_graph", lambda gm, forced=None, split=(): planned.append(gm) or real_plan(gm, forced, split))
+    monkeypatch.setattr(backend, "plan_graph", lambda gm, *a, **k: planned.append(gm) or real_plan(gm, *a, **k))
     cf, returned = compiled_with_returns(norm_matmul)
     w = torch.randn(16, 8, dtype=torch.float64)
     for n in (3, 5, 9, 5, 17):

@@ -18,6 +18,7 @@ import torch
 from brrr.compile.codegen.shim import prelude
 from brrr.compile.ir import mathops, nodes as ir
 from brrr.compile.ir.indexing import Ix, Opaque, linear
+from brrr.compile.codegen.spread import SpreadRoots
 from brrr.compile.codegen.unrolled import UnrolledReductions
 from brrr.compile.ir.sizes import cdiv, expr_text, hint, is_symbolic, known_true, next_pow2, symbols_in
 
@@ -41,9 +42,6 @@ FEW_PROGRAMS_TILE = (16, 64)  # ... walks [16, 64] tiles instead
 ACROSS_MIN_X = 32 * 256     # ... given rows enough for 256 such tiles (fewer: lowering splits the reduction)
 TILE_SIDE = 64              # a layout change's tile: 64 x 64 (longer on one side when the other is short)
 TILE_ELEMENTS = 4096
-SPREAD_BELOW = 264          # a pointwise kernel of fewer blocks than this (two per SM of an H100) whose roots
-                            # share no input gives each group of them programs of its own: DenseNet121's 58 weight
-                            # conversions to channels_last, one kernel of 10 programs, took 61 us for 4.3 MB
 TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
       torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
       torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
@@ -104,7 +102,7 @@ class Scope:
         self.rdep = dict(parent.rdep) if parent else {}
 
 
-class Codegen(UnrolledReductions):
+class Codegen(UnrolledReductions, SpreadRoots):
     def __init__(self, kernel, stored, load_stored, kernel_of, interpreted=False):
         self.k = kernel
         self.interpreted = interpreted       # kernels run in the Triton interpreter (TRITON_INTERPRET=1)
@@ -120,8 +118,8 @@ class Codegen(UnrolledReductions):
         self.ops = set()
         self.int64 = False
 
-    def new_scope(self):
-        return Scope()
+    def new_scope(self, indent="    "):
+        return Scope(indent=indent)
 
     def tl_type(self, dtype):
         return TL[dtype]
@@ -434,36 +432,6 @@ class Codegen(UnrolledReductions):
         idx = self.k.full_index()
         for r in roots:
             self.store(scope, r, idx, self.value(scope, r(idx)))
-
-    def independent_groups(self, roots):
-        """The roots in groups that load no buffer in common (in their order), or [roots] where one is atomic."""
-        if any(r.meta.get("atomic_into") is not None for r in roots):
-            return [roots]
-        idx = self.k.full_index()
-        groups = []   # [(buffers, roots)]
-        for r in roots:
-            bufs = {id(v.buf) for v in ir.walk(r(idx)) if isinstance(v, ir.Load)}
-            joined = [g for g in groups if g[0] & bufs]
-            merged = (bufs.union(*(g[0] for g in joined)), [x for g in joined for x in g[1]] + [r])
-            groups = [g for g in groups if not any(g is j for j in joined)] + [merged]
-        order = {r: i for i, r in enumerate(roots)}
-        return sorted((sorted(rs, key=order.get) for _, rs in groups), key=lambda rs: order[rs[0]])
-
-    def spread_roots(self, roots, blocks):
-        """(member, body lines) where the kernel's independent root groups each get `blocks` programs of their
-        own (program `pid` runs group pid // blocks), or None where it stays one program per block: it has
-        SPREAD_BELOW blocks or more (or a symbolic count), or one group."""
-        if len(roots) < 2 or is_symbolic(blocks) or blocks >= SPREAD_BELOW:
-            return None
-        groups = self.independent_groups(roots)
-        if len(groups) < 2:
-            return None
-        lines = []
-        for g, group in enumerate(groups):
-            s = Scope(indent="        ")
-            self.store_roots(s, group)
-            lines += [f"    if member == {g}:"] + (s.lines or ["        pass"])
-        return len(groups), lines
 
     def gen_pointwise(self, roots):
         k = self.k

@@ -218,6 +218,8 @@ def make_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body=None, acc_d
     node = ir.reduction(L.fresh("red"), out_shape, out_dtype, body, src_shape, dims, rtype, fx=fx,
                         ops=(op_name(fx.target),) if fx is not None else ())
     node.meta["acc_dtype"] = acc_dtype
+    # the floor's "wider" alternative (runtime/floor.py) would split it: an arg-reduction never splits
+    node.meta["widenable"] = fx is not None and not rtype.startswith("arg") and _widens(rsize_hint(src_shape, dims))
     node.meta["fake"] = torch.empty(out_shape, dtype=out_dtype, device="meta")
     node.meta["device"] = device_of(x)
     L.add(node)
@@ -270,7 +272,7 @@ def reduction_split(x, dims, wide=False):
     SPLIT_COLUMN_MIN_NUMEL elements, or from SPLIT_COLUMN_FEW_X_MIN_NUMEL where the columns are fewer still.
     `wide` (the floor's "wider" alternative for a slow kernel's reductions): split whatever these rules say,
     where its rows are long enough to cut in two."""
-    if wide and _widens(_prod_hint(x.shape[d] for d in dims)):
+    if wide and _widens(rsize_hint(x.shape, dims)):
         return "column" if is_column(x, dims) else "row"
     shape = tuple(x.shape)
     rsize = xnumel = 1
@@ -292,23 +294,16 @@ def reduction_split(x, dims, wide=False):
     return "row" if SPLIT_MIN_R <= rsize and xnumel <= SPLIT_MAX_X else None
 
 
-def _prod_hint(sizes):
+def rsize_hint(shape, dims):
     out = 1
-    for s in sizes:
-        out *= hint(s)
+    for d in dims:
+        out *= hint(shape[d])
     return out
 
 
 def _widens(rows):
+    """Whether rows this long split wider: into two chunks at least."""
     return rows >= 2 * WIDE_MIN_CHUNK
-
-
-def widenable(node):
-    """Whether the floor's "wider" alternative changes reduction `node` (a root of a planned kernel): an
-    arg-reduction never splits, and rows shorter than two chunks stay whole."""
-    if node.kind != "reduction" or node.fx is None or node.rtype.startswith("arg"):
-        return False
-    return _widens(node.meta.get("split_rows") or _prod_hint(node.src_shape[d] for d in node.dims))
 
 
 def reads_in_one_tile(x, dims, wide=False):
@@ -398,7 +393,7 @@ def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype
         ((xnumel, chunks), (xnumel, chunks, block), (2,))
     ops = (op_name(fx.target),) if fx is not None else ()
     part = ir.reduction(L.fresh("red"), pshape, part_dtype, partial_body, pspace, pdims, rtype, fx=fx, ops=ops)
-    part.meta.update(acc_dtype=acc_dtype, device=device_of(x), order=layout.row_major(3), split_rows=r_hint,
+    part.meta.update(acc_dtype=acc_dtype, device=device_of(x), order=layout.row_major(3), widenable=_widens(r_hint),
                      fake=torch.empty(pshape, dtype=part_dtype, device="meta"))
     if column:   # seen here, in x's own dims: the partial's rows unflatten through a division the layout check skips
         part.meta["reads_along_rows"] = layout.reads_along_rows(x(layout.dim_vars(src_shape)), src_shape, dims)
@@ -423,7 +418,7 @@ def split_reduction(L, fx, x, dims, rtype, out_shape, out_dtype, body, acc_dtype
     by_memory = sorted(out_stride, key=out_stride.get) + [j for j in range(n_out) if j not in out_stride]
     final = ir.reduction(L.fresh("red"), out_shape, out_dtype, final_body, tuple(out_shape) + (chunks,), (n_out,),
                          rtype, fx=fx, ops=ops)
-    final.meta.update(acc_dtype=acc_dtype, device=device_of(x), split_rows=r_hint,
+    final.meta.update(acc_dtype=acc_dtype, device=device_of(x), widenable=_widens(r_hint),
                       order=tuple(by_memory + [n_out]) if column else tuple([n_out] + by_memory),
                       fake=torch.empty(out_shape, dtype=out_dtype, device="meta"))
     L.add(final)

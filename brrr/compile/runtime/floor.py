@@ -120,11 +120,10 @@ def describe(plan, kernels, fx_nodes_of):
 
 
 def _reductions(step):
-    """The FX nodes of a kernel's reductions that a wider split would change (a split one's partial sums and
-    its final sum alike)."""
-    from brrr.compile.lowering.core import widenable
-
-    return tuple(dict.fromkeys(r.fx for r in step.roots if widenable(r)))
+    """The FX nodes of a kernel's reductions that a wider split would change (lowering marks them `widenable`;
+    a split one's partial sums and its final sum alike)."""
+    return tuple(dict.fromkeys(r.fx for r in step.roots
+                               if r.kind == "reduction" and r.fx is not None and r.meta.get("widenable")))
 
 
 def _split_points(step, nodes):

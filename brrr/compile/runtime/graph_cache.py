@@ -97,8 +97,9 @@ def _symbolic(val):
 
 def key(gm, kind, forced=(), split=(), options=None, extra=(), wider=()):
     """The entry's name for `gm` planned as `kind` with the FX nodes `forced` to ATen, the plan `split` at
-    `split` and the reductions of `wider` split wider, or None when it is not kept (symbolic sizes, constants this cache cannot key). `extra`: more of what
-    the entry depends on, as text (aot_cache.py: the caller's grad and autocast state)."""
+    `split` and the reductions of `wider` split wider, or None when it is not kept (symbolic sizes, constants
+    this cache cannot key). `extra`: more of what the entry depends on, as text (aot_cache.py: the caller's grad
+    and autocast state)."""
     import triton
 
     try:
