@@ -165,9 +165,9 @@ def run_config(config, backends, device, cache, versions, quick, rep_ms, profile
         rows = measure_fn(config, work, now, device, warmup=warmup, rep=rep, profile=profile)
         if cached is not None and peer_cache.stale(cached, rows["eager"]):
             fresh = measure_fn(config, work, wanted_peers, device, warmup=warmup, rep=rep, profile=profile)
-            rows.update({p: fresh[p] for p in wanted_peers if p in fresh})
-            cache.store(key, fresh["eager"], {p: fresh[p] for p in wanted_peers if p in fresh},
-                        versions.commit, versions.date)
+            peer_rows = {p: fresh[p] for p in wanted_peers if p in fresh}
+            rows.update(peer_rows)
+            cache.store(key, fresh["eager"], peer_rows, versions.commit, versions.date)
         elif cached is not None:
             rows.update(peer_cache.scaled_rows(cached, rows["eager"]))
         elif cache is not None and wanted_peers:

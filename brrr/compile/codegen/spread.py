@@ -28,6 +28,16 @@ class SpreadRoots:
         order = {r: i for i, r in enumerate(roots)}
         return sorted((sorted(rs, key=order.get) for _, rs in groups), key=lambda rs: order[rs[0]])
 
+    def root_lines(self, roots, blocks):
+        """(members, body lines) of a pointwise kernel of `blocks` blocks: its roots spread where
+        `spread_roots` spreads them, else all of them in one Scope (members 1)."""
+        spread = self.spread_roots(roots, blocks)
+        if spread is not None:
+            return spread
+        s = self.new_scope()
+        self.store_roots(s, roots)
+        return 1, s.lines
+
     def spread_roots(self, roots, blocks):
         """(members, body lines) where the kernel's independent root groups each get `blocks` programs of their
         own (program `pid` runs group pid // blocks), or None where it stays one program per block: it has

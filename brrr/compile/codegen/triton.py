@@ -442,17 +442,14 @@ class Codegen(UnrolledReductions, SpreadRoots):
         warps = 4 if xblock <= 1024 else 8
         self.x_full = known_true(n % xblock == 0)
         blocks = cdiv(n, xblock)
-        spread = self.spread_roots(roots, blocks)
+        members, body = self.root_lines(roots, blocks)
         pid = f"tl.program_id(0){'.to(tl.int64)' if self.int64 else ''}"
-        if spread is not None:
-            members, body = spread
-            head = [f"    xnumel = {n}", f"    pid = {pid}", f"    member = pid // {blocks}",
-                    f"    xoffset = (pid % {blocks}) * XBLOCK"]
-        else:
-            members, s = 1, Scope()
-            self.store_roots(s, roots)
-            body, head = s.lines, [f"    xnumel = {n}", f"    xoffset = {pid} * XBLOCK"]
-        head += ["    xindex = xoffset + tl.arange(0, XBLOCK)", "    xmask = xindex < xnumel"]
+        head = [f"    xnumel = {n}"]
+        if members > 1:
+            head += [f"    pid = {pid}", f"    member = pid // {blocks}", f"    pid = pid % {blocks}"]
+            pid = "pid"
+        head += [f"    xoffset = {pid} * XBLOCK", "    xindex = xoffset + tl.arange(0, XBLOCK)",
+                 "    xmask = xindex < xnumel"]
         return head + body, dict(XBLOCK=xblock, num_warps=warps, grid=(members * blocks,))
 
     def gen_tiled(self, roots):
@@ -467,23 +464,17 @@ class Codegen(UnrolledReductions, SpreadRoots):
         self.x_full, self.y_full = known_true(xn % xblock == 0), known_true(yn % yblock == 0)
         xblocks = cdiv(xn, xblock)
         blocks = xblocks * cdiv(yn, yblock)
-        spread = self.spread_roots(roots, blocks)
+        members, body = self.root_lines(roots, blocks)
         i64 = ".to(tl.int64)" if self.int64 else ""
-        if spread is not None:
-            members, body = spread
-            head = [f"    xnumel = {xn}", f"    ynumel = {yn}", f"    pid = tl.program_id(0){i64}",
-                    f"    member = pid // {blocks}", f"    pid = pid % {blocks}"]
-        else:
-            members, s = 1, Scope()
-            self.store_roots(s, roots)
-            body = s.lines
-            head = [f"    xnumel = {xn}", f"    ynumel = {yn}", f"    pid = tl.program_id(0){i64}"]
+        head = [f"    xnumel = {xn}", f"    ynumel = {yn}", f"    pid = tl.program_id(0){i64}"]
+        if members > 1:
+            head += [f"    member = pid // {blocks}", f"    pid = pid % {blocks}"]
         head += [f"    xoffset = (pid % {xblocks}) * XBLOCK",
-                f"    yoffset = (pid // {xblocks}) * YBLOCK",
-                "    xindex = xoffset + tl.arange(0, XBLOCK)[None, :]",
-                "    yindex = yoffset + tl.arange(0, YBLOCK)[:, None]",
-                "    xmask = xindex < xnumel",
-                "    ymask = yindex < ynumel"]
+                 f"    yoffset = (pid // {xblocks}) * YBLOCK",
+                 "    xindex = xoffset + tl.arange(0, XBLOCK)[None, :]",
+                 "    yindex = yoffset + tl.arange(0, YBLOCK)[:, None]",
+                 "    xmask = xindex < xnumel",
+                 "    ymask = yindex < ynumel"]
         warps = 4 if xblock * yblock <= TILE_ELEMENTS else 8
         return head + body, dict(XBLOCK=xblock, YBLOCK=yblock, num_warps=warps, grid=(members * blocks,))
 
