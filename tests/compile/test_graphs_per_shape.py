@@ -1,13 +1,13 @@
 """CUDA graphs of a graph planned at symbolic sizes (runtime/compiled.py's CompiledGraph with a shape key,
 cuda_graphs.SharedPool) on the CPU, with conftest's stand-in graph: one graph per shape seen, captured into one
-shared pool, up to MAX_GRAPH_SHAPES; every replay equals eager's result."""
+shared pool, up to recordings.MAX_GRAPH_SHAPES; every replay equals eager's result."""
 
 import pytest
 import torch
 
 from brrr.compile import fallbacks
 from brrr.compile.backend import make_backend
-from brrr.compile.runtime import compiled as runtime, replay_choice
+from brrr.compile.runtime import compiled as runtime, recordings, replay_choice
 from brrr.compile.runtime.compiled import CompiledGraph
 
 
@@ -39,8 +39,8 @@ def test_each_shape_captures_its_own_graph_into_one_pool(fake_cuda_graphs):
     g, w = graph(), torch.randn(4)
     for rows in (3, 3, 3, 5, 5, 5, 3, 5, 3):
         check(g, rows, w)
-    assert set(g.shapes) == {(3,), (5,)}
-    first, second = (g.shapes[k][0] for k in ((3,), (5,)))
+    assert {shape for shape, _ in g.recordings.by_key} == {(3,), (5,)}
+    first, second = (g.recordings.by_key[k, None].graphed for k in ((3,), (5,)))
     assert first.graph is not second.graph
     # per shape: the first call launches, the second captures (and replays), the later ones replay
     assert fake_cuda_graphs.replays == 2 + 2 + 1 + 1 + 1
@@ -48,13 +48,13 @@ def test_each_shape_captures_its_own_graph_into_one_pool(fake_cuda_graphs):
 
 
 def test_past_the_bound_a_new_shape_launches_with_one_warning(fake_cuda_graphs, monkeypatch):
-    monkeypatch.setattr(runtime, "MAX_GRAPH_SHAPES", 2)
+    monkeypatch.setattr(recordings, "MAX_GRAPH_SHAPES", 2)
     warned = []
-    monkeypatch.setattr(runtime, "warn_once", warned.append)
+    monkeypatch.setattr(recordings, "warn_once", warned.append)
     g, w = graph(), torch.randn(4)
     for rows in (2, 2, 3, 3, 4, 4, 4, 2):
         check(g, rows, w)
-    assert set(g.shapes) == {(2,), (3,)}
+    assert {shape for shape, _ in g.recordings.by_key} == {(2,), (3,)}
     assert fake_cuda_graphs.replays == 1 + 1 + 1   # captures at 2 and 3, the last call at 2; 4 never
     assert len(warned) >= 1 and "2 shapes" in warned[0]
 
@@ -138,14 +138,14 @@ def test_a_graph_its_trial_turns_down_is_let_go_at_once(fake_cuda_graphs, monkey
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     g, w = graph(cuda_graphs="auto"), torch.randn(4)
     check(g, 3, w)
-    graphed = weakref.ref(g.shapes[(3,)][0])
+    graphed = weakref.ref(g.recordings.by_key[(3,), None].graphed)
     for _ in range(replay_choice.TRIAL_CALLS):
         check(g, 3, w)
     (decision,) = replay_choice.DECISIONS
     assert decision.replay == replays
     gc.collect()
-    assert (graphed() is not None) == replays and (g.shapes[(3,)][0] is not None) == replays
-    assert g.shapes[(3,)][1] is None   # decided: no trial left
+    assert (graphed() is not None) == replays and (g.recordings.by_key[(3,), None].graphed is not None) == replays
+    assert g.recordings.by_key[(3,), None].trial is None   # decided: no trial left
     before = fake_cuda_graphs.replays
     for _ in range(2):
         check(g, 3, w)

@@ -150,3 +150,52 @@ def test_running_statistics_are_updated_inside_the_replayed_forward(fake_cuda_gr
     assert len(forward.written) == 6   # two batch norms' mean, variance and counter
     assert not set(forward.written) & set(forward.cloned)
     assert outside == []
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.lin(x)) + x
+
+
+class _LayerDropStack(torch.nn.Module):
+    """Hugging Face's LayerDrop check before each layer: a data-dependent branch, so Dynamo breaks the graph at
+    every layer and compiles one layer graph that every layer calls with its own parameters."""
+
+    def __init__(self, layers=3):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Block() for _ in range(layers)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            if torch.rand([]) < 2.0:
+                x = layer(x)
+        return x
+
+
+def test_one_graph_called_by_every_layer_replays_a_cuda_graph_per_layer(fake_cuda_graphs, monkeypatch):
+    """Each layer's parameters live at their own addresses: each layer gets a recording of its own, forward and
+    backward, and every step after the first replays all six; gradients equal eager's every step."""
+    made = _graphs_recorded(monkeypatch)
+    model = _LayerDropStack()
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=make_backend(cuda_graphs=True))
+    steps = 4
+    for step in range(steps):
+        _zero(model, eager)
+        x = torch.randn(4, 8)
+        _step(compiled, eager, x)
+        _assert_grads_equal(model, eager)
+    assert len(made) == 6   # three places, forward and backward
+    assert not [g.failure for g in made if g.failure]
+    # the first step launches each place (the verifying call, then each new place's first call); from the
+    # second on, each step captures or replays all six
+    assert fake_cuda_graphs.replays == 6 * (steps - 1)
+    forwards = [g for g in made if not g.pin]
+    backwards = [g for g in made if g.pin]
+    # each backward captured into the pool of the forward whose saved tensors it reads
+    assert {b.after().serial for b in backwards} == {f.serial for f in forwards}
+    assert all(b.graph.captured_into == b.after().graph.pool() for b in backwards)

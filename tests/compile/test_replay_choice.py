@@ -247,7 +247,8 @@ def train_steps(fw, bw, n, w):
         x = torch.full((4,), float(i))
         out, saved = fw([x, w])
         torch.testing.assert_close(out, x * w + 1)
-        bw.pinned_ready = fw.lent   # lean_autograd: the loan is still the forward's memory
+        bw.pinned_ready = fw.lent   # lean_autograd: the loan is still the forward's memory ...
+        bw.lent_from = fw.graphed   # ... and the forward's recording it came through
         ones = torch.ones(4)
         (grad,) = bw([saved, ones])
         torch.testing.assert_close(grad, x * 2)
@@ -286,6 +287,37 @@ def test_a_pair_whose_launches_hold_the_host_replays_both(clock, fake_cuda_graph
     assert forward.replay and backward.replay and "launching holds the host" in forward.reason
     assert forward.launch_s == pytest.approx(10e-3) and forward.host_s == pytest.approx(7e-3)
     assert fw.graphed is not None and bw.graphed is not None
+
+
+def test_one_pair_called_at_two_places_decides_each_over_whole_steps(clock, fake_cuda_graphs):
+    """One forward and backward serving two layers (a graph break between them), the weight at each layer's own
+    address: each place records, times and decides on its own, in step with the other, and both replay."""
+    w1, w2 = torch.randn(4), torch.randn(4)
+    fw, bw = pair_of_graphs(clock, fake_cuda_graphs, {False: (3e-3, 1e-3), True: (50e-6, 1e-3)},
+                            {False: (2e-3, 1e-3), True: (50e-6, 1e-3)})
+    fw.static_inputs = (1,)   # the weight is a parameter (AOTAutograd's static input)
+    held = []
+    for i in range(replay_choice.TRIAL_CALLS + 3):
+        x = torch.full((4,), float(i))
+        pending = []
+        for w in (w1, w2):
+            out, saved = fw([x, w])
+            torch.testing.assert_close(out, x * w + 1)
+            pending.append((saved, fw.lent, fw.graphed))
+            held.append(out)
+        for saved, lent, recording in reversed(pending):   # the backwards run in reverse, as autograd's
+            bw.pinned_ready, bw.lent_from = lent, recording
+            ones = torch.ones(4)
+            (grad,) = bw([saved, ones])
+            torch.testing.assert_close(grad, x * 2)
+            held += [ones, grad]
+    assert sorted((d.graph, d.replay) for d in replay_choice.DECISIONS) == \
+        [("backward", True)] * 2 + [("forward", True)] * 2
+    forwards = [r.graphed for r in fw.recordings.by_key.values()]
+    backwards = [r.graphed for r in bw.recordings.by_key.values()]
+    assert len(forwards) == len(backwards) == 2 and None not in forwards + backwards
+    assert {b.after() for b in backwards} == set(forwards)
+    assert not [g.failure for g in forwards + backwards if g.failure]
 
 
 @pytest.mark.parametrize("why", ["device-bound", "replaying raises the peak"])
@@ -382,7 +414,7 @@ def test_a_pair_turned_down_gives_its_memory_back_before_the_deciding_step_launc
     for i in range(replay_choice.TRIAL_CALLS + 1):
         x = torch.full((4,), float(i))
         out, saved = fw([x, w])
-        bw.pinned_ready = fw.lent
+        bw.pinned_ready, bw.lent_from = fw.lent, fw.graphed
         (grad,) = bw([saved, torch.ones(4)])
         torch.testing.assert_close(grad, x * 2)
         if fw.graphed is not None and fw.graphed.graph is not None and not graph_outputs:

@@ -25,15 +25,13 @@ from brrr.compile.fallbacks import KernelFailed, debugging, is_out_of_memory, re
 from brrr.compile.ir import nodes as ir, sizes
 from brrr.compile.runtime import among_ranks, floor, handed_over, kernel_registry
 from brrr.compile.runtime.compile_workers import usable_cpus
-from brrr.compile.runtime.cuda_graphs import GraphedCall, SharedPool, data_ptrs
+from brrr.compile.runtime.cuda_graphs import GraphedCall, data_ptrs
 from brrr.compile.runtime.launch import Launcher, load_binary, tma_descriptor, warm_all
+from brrr.compile.runtime.recordings import Recordings
 from brrr.compile.runtime.replay_choice import ReplayTrial
 from brrr.compile.runtime.write_back import write_back
 from brrr.compile.scheduling.inplace import reused_memory
 from brrr.compile.scheduling.naming import function_name
-
-MAX_GRAPH_SHAPES = 8   # CUDA graphs a graph planned at symbolic sizes keeps, one per shape (each holds memory)
-
 
 def kernel_fx_nodes(kernel, rendered=()):
     """The FX nodes whose values `kernel` computes: its roots and every node rendered inside it."""
@@ -124,14 +122,13 @@ class CompiledGraph:
         self.verified = False
         self.cuda_graphs = cuda_graphs
         self.device = device  # CUDA index: allocations and launches go to the current device, made this one
-        self.graphed = None   # a GraphedCall once verified, with cuda_graphs
-        self.trial = None     # with cuda_graphs "auto" or "fastest": the ReplayTrial deciding on self.graphed
         self.lend = ()        # output positions a replay may return uncopied (see cuda_graphs.Loan)
         self.give = False     # whether a replay gives its other outputs out as its memory (cuda_graphs.Given)
         self.lent = False     # whether the last call's outputs at those positions are the graph's own memory
         self.pin, self.pinned_ready = (), True   # inputs lent by another graph, and whether they still are
         self.saved_kept = False   # whether those inputs are kept for another backward (retain_graph)
         self.lender = None    # that graph (a backward's forward): with "auto", its trial leads this one's
+        self.lent_from = None   # the lender's GraphedCall this call's saved tensors came through (set per call)
         # the caller hands its list of inputs over (a backward's saved tensors): a launched call empties it, so
         # each input's memory goes back at its last use; a first call, a trial or a replay keeps them
         self.owns_inputs = False
@@ -141,9 +138,24 @@ class CompiledGraph:
         # call writes into the input (set by the lean runtime; AOTAutograd's runtime writes back itself)
         self.write_back = ()
         # A graph planned at symbolic sizes: `shape_key(args)` is the call's sizes. A CUDA graph replays the sizes
-        # it captured, so each shape gets its own graph and trial (graphed, trial), up to MAX_GRAPH_SHAPES.
-        self.shape_key, self.shape, self.shapes = shape_key, None, {}
-        self.pool = SharedPool() if shape_key is not None else None
+        # it captured and reads parameters where they were, so each shape and each place of the parameters gets
+        # its own graph and trial (recordings.py)
+        self.shape_key = shape_key
+        self.recordings = Recordings(shape_key)
+
+    @property
+    def graphed(self):
+        """The current call's GraphedCall (once verified, with cuda_graphs), or None: it launches."""
+        return self.recordings.current.graphed
+
+    @property
+    def trial(self):
+        """With cuda_graphs "auto" or "fastest": the ReplayTrial deciding on `graphed`, until it has."""
+        return self.recordings.current.trial
+
+    @property
+    def shape(self):
+        return self.recordings.key[0] if self.recordings.key is not None else None
 
     def __call__(self, *args):
         args = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
@@ -169,10 +181,11 @@ class CompiledGraph:
     def _run(self, args):
         self.lent = False
         if self.verified:
-            if self.shape_key is not None and self.cuda_graphs:
-                key = self.shape_key(args)
-                if key != self.shape and self._switch_shape(key, args):
-                    return self.call(args)   # a new shape's first call launches; its graph captures on the next
+            recordings = self.recordings
+            if recordings.keyed and self.cuda_graphs:
+                key = recordings.key_of(args, self.lent_from)
+                if key != recordings.key and self._switch(key, args):
+                    return self.call(args)   # a new key's first call launches; its graph captures on the next
             if self.trial is not None:
                 return self._run_trial(args)
             graphed = self.graphed
@@ -186,48 +199,39 @@ class CompiledGraph:
                     self._drop_graph()
             return self.call(args, True) if self.owns_inputs else self.call(args)
         # what a CUDA graph needs of these args, read before the call may free them (owns_inputs)
-        shape = self.shape_key(args) if self.shape_key is not None and self.cuda_graphs else None
+        if self.cuda_graphs:
+            static = [i for i in self.static_inputs or () if i < len(args) and isinstance(args[i], torch.Tensor)]
+            self.recordings = Recordings(self.shape_key, static, backward=self.lender is not None)
+            key = self.recordings.key_of(args, self.lent_from)
         ptrs = data_ptrs(args) if self.cuda_graphs else None
         out = self._first_call(args)
         self.verified = True
-        if self.cuda_graphs and self.call != self._aten_call:   # bound methods: equal, never identical
-            self.shape = shape
-            self._new_graph(args, ptrs)
+        if self.cuda_graphs and self.call != self._aten_call and self.recordings.select(key):   # bound methods:
+            self._new_graph(args, ptrs)                                                          # never identical
         return out
 
     def _new_graph(self, args, first_ptrs=None):
-        """A CUDA graph for these args (or, where the call freed them, their addresses `first_ptrs`), of shape
-        `self.shape` (captured on its next call) and, with "auto", its trial; a symbolic graph keeps them as that
-        shape's."""
-        lender = self.lender.graphed if self.lender is not None and self.pool is None else None
-        self.graphed = GraphedCall(self.call, args, self.lend, self.pin, pool=self.pool, after=lender,
-                                   static=self.static_inputs, give=self.give, host=self.host, first_ptrs=first_ptrs,
-                                   consume=self.owns_inputs, write_back=self.write_back)
-        self.trial = None
+        """A CUDA graph for these args (or, where the call freed them, their addresses `first_ptrs`), at the
+        current key (captured on its next call) and, with "auto", its trial."""
+        pool, lent_from = self.recordings.pool(), self.lent_from if self.lender is not None else None
+        graphed = GraphedCall(self.call, args, self.lend, self.pin, pool=pool,
+                              after=lent_from if pool is None else None, static=self.static_inputs,
+                              give=self.give, host=self.host, first_ptrs=first_ptrs, consume=self.owns_inputs,
+                              write_back=self.write_back, placed=bool(self.recordings.static))
+        trial = None
         if self.cuda_graphs in ("auto", "fastest"):
-            leader = self.lender.trial if self.lender is not None else None
+            leader = self.lender.recordings.trial_of(lent_from) if lent_from is not None else None
             label = among_ranks.signature(self.kind, self.source, self.shape) \
                 if leader is None and among_ranks.process_group() is not None else None
-            self.trial = ReplayTrial(self.kind, leader=leader, sizes=self.shape, label=label,
-                                     memory_bound=self.cuda_graphs == "auto", release=_weak_call(self._drop_graph))
-        if self.shape_key is not None:
-            self.shapes[self.shape] = (self.graphed, self.trial)
+            trial = ReplayTrial(self.kind, leader=leader, sizes=self.shape, label=label,
+                                memory_bound=self.cuda_graphs == "auto",
+                                release=_weak_call(self._drop_graph, self.recordings.key))
+        self.recordings.keep(graphed, trial)
 
-    def _switch_shape(self, key, args):
-        """Make `key`'s CUDA graph and trial the current ones; True when the shape is new here (this call then
-        launches, as a static graph's first call does). Past MAX_GRAPH_SHAPES shapes, a new one launches always."""
-        if self.shape in self.shapes:
-            self.shapes[self.shape] = (self.graphed, self.trial)
-        self.shape = key
-        if key in self.shapes:
-            self.graphed, self.trial = self.shapes[key]
-            return False
-        self.graphed = self.trial = None
-        if self.call == self._aten_call:
-            return False
-        if len(self.shapes) >= MAX_GRAPH_SHAPES:
-            warn_once(f"changing shapes: {MAX_GRAPH_SHAPES} shapes of this {self.kind} graph already have CUDA "
-                      f"graphs; calls at other shapes launch their kernels")
+    def _switch(self, key, args):
+        """Make `key`'s CUDA graph and trial the current ones; True when the key is new here (this call then
+        launches, as a graph's first call does). Past the recordings' limits, a new one launches always."""
+        if not self.recordings.select(key) or self.call == self._aten_call:
             return False
         self._new_graph(args)
         return True
@@ -251,24 +255,18 @@ class CompiledGraph:
         return out
 
     def _settle_trial(self, trial):
-        self.trial = None
-        if self.shape_key is not None and self.shape in self.shapes:
-            self.shapes[self.shape] = (self.graphed, None)
+        self.recordings.current.trial = None
         if not trial.replay:
             self._drop_graph()
 
     def _owned_call(self, args):
         return self.call(args, True)
 
-    def _drop_graph(self):
-        """Launch from now on (at this shape): the CUDA graph, its static inputs and outputs, go once no loan
-        holds them. A shape's entry lets go of it too: kept there, a graph a trial turned down held its outputs
-        (a training forward's saved tensors) while the same shape launched beside it."""
-        if self.graphed is not None:
-            self.graphed.release()   # the trial's frames still hold the GraphedCall itself
-        self.graphed = None
-        if self.shape_key is not None and self.shape in self.shapes:
-            self.shapes[self.shape] = (None, self.shapes[self.shape][1])
+    def _drop_graph(self, key=None):
+        """Launch from now on at `key` (the current call's by default): the CUDA graph, its static inputs and
+        outputs, go once no loan holds them. Kept, a graph a trial turned down held its outputs (a training
+        forward's saved tensors) while the same key launched beside it."""
+        self.recordings.drop(self.recordings.key if key is None else key)
 
     def _first_call(self, args):
         """The first call checks what brrr made. A kernel that fails to compile or launch has the graph
@@ -321,14 +319,14 @@ class CompiledGraph:
         return self.gm(*args)
 
 
-def _weak_call(method):
-    """`method` called through a weak reference to its object (a trial must not keep its graph alive)."""
+def _weak_call(method, *args):
+    """`method(*args)` called through a weak reference to its object (a trial must not keep its graph alive)."""
     ref = weakref.WeakMethod(method)
 
     def call():
         bound = ref()
         if bound is not None:
-            bound()
+            bound(*args)
     return call
 
 

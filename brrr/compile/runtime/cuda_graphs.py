@@ -3,8 +3,10 @@
 A replay costs one launch however many kernels the graph holds, so a graph of hundreds of small launches
 stops being bound by the host. What a replay must get right:
 - Inputs. The graph reads fixed addresses. A parameter or buffer (AOTAutograd's static inputs, where the graph
-  knows them; else an input whose address was the same on the first two calls) is read where it lives, and a
-  replay with that input elsewhere is refused: the call runs without the graph. Any other input is copied into
+  knows them; else an input whose address was the same on the first two calls) is read where it lives. Where
+  AOTAutograd knows them, the caller keeps a graph per place of them (recordings.py: one layer graph that every
+  layer calls, each with its own parameters); else a replay with that input elsewhere is refused, and the call
+  runs without the graph. Any other input is copied into
   a private buffer before each replay. (An activation from another graph, such as the previous piece of a
   model DDP's graph splitting cut in pieces, may sit at one address for two calls and move on the third; read
   in place it would have stopped the graph replaying for good.) A graph never
@@ -43,9 +45,8 @@ stops being bound by the host. What a replay must get right:
   an input copied in is the graph's own copy, and the caller writes that one back.
 - Capture runs on the second call (the first one checked the kernels) with thread-local capture mode,
   because a backward graph is captured on autograd's device thread while other threads may run.
-- A graph planned at symbolic sizes captures one CUDA graph per shape it replays (compiled.CompiledGraph), and
-  those graphs share one memory pool (`SharedPool`): the graph's memory is the largest shape's, not the sum of
-  all. Any one of them replaying may then overwrite what another left in the pool, which is harmless for
+- A graph planned at symbolic sizes captures one CUDA graph per shape it replays (recordings.py), and those
+  graphs share one memory pool (`SharedPool`): the graph's memory is the largest shape's, not the sum of all. Any one of them replaying may then overwrite what another left in the pool, which is harmless for
   outputs copied out, and for lent outputs is why every pending loan of the pool is settled before any
   member replays.
 - One pool per training step. A backward graph captures into its forward graph's pool (`after`), as torch's
@@ -64,6 +65,7 @@ stops being bound by the host. What a replay must get right:
     graph (with its pool) is released.
 """
 
+import itertools
 import weakref
 
 import torch
@@ -72,6 +74,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from brrr.compile.runtime.write_back import write_back
 
 MAX_REFUSALS = 3   # replays refused for a moved input before the graph is dropped for good
+SERIALS = itertools.count(1)   # names each GraphedCall: a backward's recordings are keyed by their forward's
 
 
 def input_slots(first_ptrs, args, static=None):
@@ -225,11 +228,13 @@ class GraphedCall:
     copies (a backward's gradients; see Given), with no SharedPool only. `host`: the call's host_copies.HostCopies
     (inputs on the host it copies to the device, staged into device memory before each replay; or why it
     cannot be captured). `first_ptrs`: the first call's input addresses, where that call freed its inputs.
-    `failure` says why the graph could not capture, once it could not. `release()` gives its memory back."""
+    `placed`: the caller keys its graphs by the addresses of the `static` inputs (recordings.py), so they are
+    not checked here. `failure` says why the graph could not capture, once it could not. `release()` gives its
+    memory back."""
 
     def __init__(self, call, first_args, lend=(), pin=(), pool=None, after=None, static=None, give=False,
-                 host=None, first_ptrs=None, consume=False, write_back=()):
-        self.call = call
+                 host=None, first_ptrs=None, consume=False, write_back=(), placed=False):
+        self.call, self.serial, self.placed = call, next(SERIALS), placed and static is not None
         self.first_ptrs = first_ptrs if first_ptrs is not None else data_ptrs(first_args)
         self.static_positions = frozenset(static) if static is not None else None
         self.pool = pool
@@ -422,8 +427,9 @@ class GraphedCall:
                                      [("consumed" if self.consume and i in self.pin else slot)
                                       for i, slot in enumerate(self.slots)])
             # per replay: the inputs that must not have moved, those copied in, the outputs copied out
+            placed = self.static_positions if self.placed else ()
             self.addressed = [(i, ptr) for i, (slot, ptr) in enumerate(zip(self.slots, self.static_ptrs))
-                              if slot == "address"]
+                              if slot == "address" and i not in placed]
             self.copied_in = [(i, s, ptr, span(s) if overlaps(s) else None) for i, (slot, s, ptr) in
                               enumerate(zip(self.slots, self.static, self.static_ptrs)) if slot in ("copy", "stage")]
             self.spanned_in = [(i, s) for i, s, _, flat in self.copied_in if flat is not None]

@@ -283,6 +283,8 @@ def _training_callable(spec, fw_gm, fw_call, bw_call):
             with _amp_guard():
                 outs = fw_gm(*args) if fake else fw_call(list(args))
             saved = outs[n_out:]
+            if lending and not fake:   # the backward replays the CUDA graph that follows this call's
+                ctx.recording = fw_call.graphed
             if not fake and getattr(fw_call, "lent", False):
                 # the graph's own memory: the replay that would overwrite it copies it first, if this
                 # backward may still run then (autograd frees the marker once it no longer can)
@@ -325,6 +327,7 @@ def _training_callable(spec, fw_gm, fw_call, bw_call):
                 release()
             if lending:
                 bw_call.pinned_ready = loan is not None and not loan.copied
+                bw_call.lent_from = getattr(ctx, "recording", None)
             args = saved + tangents
             del saved, tangents, loan
             with _amp_guard():
