@@ -32,7 +32,7 @@ from brrr.bench.step import Step, differentiable_outputs, make_cotangents, to_dt
 from brrr.bench.timing import time_kernel, time_steady
 from brrr.compile.runtime.replay_choice import TRIAL_CALLS
 from brrr.cost.device import synchronize, time_once
-from kernels import top_kernels
+from step_kernels import top_kernels
 
 BACKENDS = ("eager", "brrr", "inductor", "inductor-reduce-overhead")
 PEERS = ("inductor", "inductor-reduce-overhead")
