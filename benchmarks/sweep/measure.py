@@ -30,7 +30,8 @@ from brrr.bench.backends import fresh_compile, stop_inductor_workers
 from brrr.bench.runner import _reason
 from brrr.bench.step import Step, differentiable_outputs, make_cotangents, to_dtype
 from brrr.bench.timing import time_kernel, time_steady
-from brrr.compile.runtime.replay_choice import TRIAL_CALLS
+from brrr.bench.settle import settle
+from brrr.compile.runtime import trial_turns
 from brrr.cost.device import synchronize, time_once
 from step_kernels import top_kernels
 
@@ -243,6 +244,7 @@ def measure_backend(backend, work, config, input_sets, cotangents, weights, refe
     finally:
         del step
         torch._dynamo.reset()
+        trial_turns.reset()   # the next backend's graphs never wait on this one's
         _reset_cudagraph_trees()
         stop_inductor_workers()
         weights.restore()
@@ -256,8 +258,7 @@ def _timed(step, device, warmup, rep, smoke):
     if smoke:
         once = time_once(step.cycle, device)
         return {"median_s": once, "p20_s": once, "p80_s": once, "steady_s": once}
-    for _ in range(TRIAL_CALLS):   # brrr chooses launching or replaying on its first calls
-        step.cycle()
+    settle(step.cycle)   # brrr's graphs decide how to run, in turn, before the steady state is timed
     timing = time_kernel(step.cycle, device, warmup=warmup, rep=rep)
     return {"median_s": timing.median_s, "p20_s": timing.p20_s, "p80_s": timing.p80_s,
             "steady_s": time_steady(step.cycle, device).median_s}

@@ -99,7 +99,10 @@ def fake_cuda_graphs(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
+    from brrr.compile.runtime import trial_turns
+
     torch._dynamo.reset()
+    trial_turns.reset()   # a graph an earlier test left mid-trial holds no turn here
     torch.manual_seed(0)
     yield
 

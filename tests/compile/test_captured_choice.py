@@ -109,6 +109,29 @@ def test_captured_calls_come_before_the_compiled_graph_settles_and_decide_once()
     assert ran[-1] == "compiled"
 
 
+def test_two_graphs_time_their_captured_calls_in_turn():
+    """Two graphs called each step: the second runs compiled, untimed, until the first has decided; then its own
+    captured calls and periods come, with the first settled in every one of them (trial_turns.py)."""
+    ran = []
+    first, second = (captured_choice.CompiledOrCaptured(lambda x, n=n: ran.append((n, "compiled")) or x + 1,
+                                                        lambda x, n=n: ran.append((n, "captured")) or x + 1)
+                     for n in ("first", "second"))
+    captured_choice.CLOCK = LaunchClock(0.0, 1.0)
+    decided_at = None
+    try:
+        for i in range(2 * captured_choice.TRIAL_LENGTH + 4):
+            assert first(i) == i + 1
+            if decided_at is None and first.chosen is not None:
+                decided_at = len(ran)
+            assert second(i) == i + 1
+    finally:
+        captured_choice.CLOCK = None
+    assert decided_at is not None and first.chosen is not None and second.chosen is not None
+    assert ("second", "captured") not in ran[:decided_at]
+    assert ran[decided_at:].count(("second", "captured")) == captured_choice.SAMPLES
+    assert ("first", "captured") not in ran[decided_at:]
+
+
 def train_beside_eager(model):
     """Steps through the trial and after, compiled beside an eager copy: every loss and gradient equal eager's."""
     reference = copy.deepcopy(model)

@@ -501,3 +501,53 @@ def test_with_cuda_graphs_fastest_the_outputs_memory_does_not_stop_the_capture(c
     run_calls(graph, replay_choice.TRIAL_CALLS + 2, torch.randn(4))
     (decision,) = replay_choice.DECISIONS
     assert decision.replay and fake_cuda_graphs.replays > 0
+
+
+def test_two_graphs_take_turns_so_each_times_the_others_in_one_state(clock, fake_cuda_graphs):
+    """Two graphs called each step, A then B: A host-bound (a replay saves 90% of its period), B device-bound
+    (launched or replayed, the same). Timed side by side, B's launched periods would carry A launching and its
+    replayed ones A replaying, and B would replay on A's saving; taking turns, B waits (launching, untimed)
+    until A has decided, then times both ways with A replaying in every period, and launches."""
+    from brrr.compile.runtime import trial_turns
+
+    w = torch.randn(4)
+    a = CompiledGraph(costed_call(clock, fake_cuda_graphs, launch=(2e-3, 200e-6), replay=(30e-6, 210e-6)), None,
+                      "", cuda_graphs="auto", kind="inference")
+    b = CompiledGraph(costed_call(clock, fake_cuda_graphs, launch=(50e-6, 1e-3), replay=(10e-6, 1e-3)), None,
+                      "", cuda_graphs="auto", kind="inference")
+    b_waited = 0
+    for i in range(2 * replay_choice.TRIAL_CALLS + 1):
+        x = torch.full((4,), float(i))
+        for graph in (a, b):
+            (out,) = graph([x, w])
+            torch.testing.assert_close(out, x * w + 1)
+        b_waited += b.trial is not None and not b.trial.launched and b.trial.turn is None
+        if len(replay_choice.DECISIONS) == 2:
+            break
+    first, second = replay_choice.DECISIONS
+    assert first.replay and a.graphed is not None            # A, decided first
+    assert not second.replay and b.graphed is None           # B: launches
+    assert second.launch_s == pytest.approx(second.replay_s, rel=0.05)   # A replayed in both of B's ways
+    assert second.launch_s < 1.3e-3                          # ... never A's 2 ms launched host time
+    assert b_waited >= replay_choice.TRIAL_CALLS - 2
+    assert not trial_turns.pending()
+
+
+def test_a_trial_whose_graph_is_never_called_again_gives_up_its_turn(clock, fake_cuda_graphs, monkeypatch):
+    """A graph called a few times (a warm-up) holds the turn mid-trial and is never called again: the next graph
+    waits MAX_WAIT of its calls, then takes the turn and decides."""
+    from brrr.compile.runtime import trial_turns
+
+    monkeypatch.setattr(trial_turns, "MAX_WAIT", 4)
+    w = torch.randn(4)
+    warmup = CompiledGraph(costed_call(clock, fake_cuda_graphs, launch=(1e-3, 1e-3), replay=(10e-6, 1e-3)), None,
+                           "", cuda_graphs="auto", kind="inference")
+    run_calls(warmup, 3, w)
+    assert warmup.trial is not None and warmup.trial.turn is warmup   # mid-trial, holding the turn
+    graph = CompiledGraph(costed_call(clock, fake_cuda_graphs, launch=(500e-6, 200e-6), replay=(30e-6, 210e-6)),
+                          None, "", cuda_graphs="auto", kind="inference")
+    run_calls(graph, 1 + 4, w)
+    assert graph.trial.turn is None and not graph.trial.launched   # waited its 4 calls
+    run_calls(graph, replay_choice.TRIAL_CALLS, w)
+    (decision,) = replay_choice.DECISIONS
+    assert decision.replay and graph.graphed is not None

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from brrr.compile.runtime import trial_turns
 from brrr.compile.runtime.held_for_backward import graph_constants, held_bytes
 from brrr.compile.runtime.replay_choice import MEMORY_MARGIN, TRIAL_CALLS
 
@@ -85,6 +86,7 @@ class _Trial:
         self.periods = {False: [], True: []}   # captured? -> seconds
         self.open = None                       # (start, captured) of the period still running
         self.verdict = None
+        self.began = False                     # whether it holds its turn (trial_turns.py)
 
 
 class CompiledOrCaptured:
@@ -109,10 +111,23 @@ class CompiledOrCaptured:
             return self.compiled(*args)
         if trial.verdict is not None:
             return self.captured(*args) if trial.verdict else self.compiled(*args)
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return self.compiled(*args)   # nothing is timed inside a capture
+        with trial_turns.calling(self):   # the replay trial of the compiled graph inside shares this one's turn
+            return self._timed_call(trial, args)
+
+    def _timed_call(self, trial, args):
         trial.calls += 1
         n = trial.calls
-        if n == 1 or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
-            return self.compiled(*args)   # the first call checks the kernels; nothing is timed inside a capture
+        if n == 1:
+            return self.compiled(*args)   # the first call checks the kernels
+        if n == 2 and not trial.began:
+            if not trial_turns.begin(self):   # another graph's trial is timing whole steps: this call waits
+                trial.calls = 1
+                return self.compiled(*args)
+            trial.began = True
+        else:
+            trial_turns.touch(self)
         settling = 1 + SAMPLES < n <= 1 + SAMPLES + SETTLE_CALLS
         if settling and trial.open is None:
             return self.compiled(*args)
@@ -130,6 +145,7 @@ class CompiledOrCaptured:
         captured = n <= 1 + SAMPLES
         if n == 2 and self.memory_bound and self._holds_too_much(args):
             trial.verdict = False
+            trial_turns.end(self)
             if not self.per_shape:
                 self.chosen = self.compiled
             return self.compiled(*args)
@@ -165,6 +181,7 @@ class CompiledOrCaptured:
     def _decide(self, trial, args):
         compiled_s, captured_s = min(trial.periods[False]), min(trial.periods[True])
         trial.verdict = captured_s < MARGIN * compiled_s
+        trial_turns.end(self)
         shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)) if self.per_shape else ()
         DECISIONS.append(Decision(compiled_s, captured_s, trial.verdict, shapes))
         del DECISIONS[:-1000]

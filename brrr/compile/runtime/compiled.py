@@ -224,7 +224,7 @@ class CompiledGraph:
             label = among_ranks.signature(self.kind, self.source, self.shape) \
                 if leader is None and among_ranks.process_group() is not None else None
             trial = ReplayTrial(self.kind, leader=leader, sizes=self.shape, label=label,
-                                memory_bound=self.cuda_graphs == "auto",
+                                memory_bound=self.cuda_graphs == "auto", owner=self,
                                 release=_weak_call(self._drop_graph, self.recordings.key))
         self.recordings.keep(graphed, trial)
 

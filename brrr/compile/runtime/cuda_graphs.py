@@ -46,9 +46,9 @@ stops being bound by the host. What a replay must get right:
 - Capture runs on the second call (the first one checked the kernels) with thread-local capture mode,
   because a backward graph is captured on autograd's device thread while other threads may run.
 - A graph planned at symbolic sizes captures one CUDA graph per shape it replays (recordings.py), and those
-  graphs share one memory pool (`SharedPool`): the graph's memory is the largest shape's, not the sum of all. Any one of them replaying may then overwrite what another left in the pool, which is harmless for
-  outputs copied out, and for lent outputs is why every pending loan of the pool is settled before any
-  member replays.
+  graphs share one memory pool (`SharedPool`): the graph's memory is the largest shape's, not the sum of all.
+  Any one of them replaying may then overwrite what another left in the pool, which is harmless for outputs
+  copied out, and for lent outputs is why every pending loan of the pool is settled before any member replays.
 - One pool per training step. A backward graph captures into its forward graph's pool (`after`), as torch's
   `make_graphed_callables` does, and consumes the saved tensors (`consume`): the lean runtime hands them over, the
   capture call frees each at its last use, and the pool hands its memory to the backward's later buffers. The

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import torch
 
-from brrr.compile.runtime import among_ranks
+from brrr.compile.runtime import among_ranks, trial_turns
 
 SAMPLES = 5          # timed calls each way
 TRIAL_CALLS = 1 + 1 + 2 * SAMPLES + 1   # the checking call, the capture, the timed calls each way, and the
@@ -117,8 +117,10 @@ class ReplayTrial:
     (outputs, whether they came from a replay). `label` (among_ranks.signature), given in a process group of
     several ranks: the name under which the ranks agree on this graph's verdict."""
 
-    def __init__(self, kind, leader=None, sizes=None, label=None, memory_bound=True, release=None):
+    def __init__(self, kind, leader=None, sizes=None, label=None, memory_bound=True, release=None, owner=None):
         self.kind, self.leader, self.followers, self.sizes, self.label = kind, leader, [], sizes, label
+        self.owner = owner       # whose turn this trial times in (trial_turns.py); None: it never waits
+        self.turn = None         # the owner it began under, until it decides
         self.memory_bound = memory_bound   # whether a replay must keep the peak within MEMORY_MARGIN
         self.peaks = {False: None, True: None}   # launched? replayed? -> the highest peak read after such periods
         self.release = release   # called on a verdict to launch, before anything launches: drops the CUDA graph
@@ -146,6 +148,8 @@ class ReplayTrial:
         return out
 
     def _run(self, call, graphed, args):
+        if self.leader is None and not self._has_turn():   # another graph's trial is timing whole steps
+            return call(args), False
         if self.leader is None:
             refused = graphed.refused() if not (self.launched or self.open or self.captured) else None
             if refused:   # no launched call timed against a replay that can never be
@@ -163,7 +167,7 @@ class ReplayTrial:
             self.replaying = self.leader.replaying   # in step with its forward
         if not self.replaying:
             if self.leader is None:
-                self.open, self.paused = (time.perf_counter(), False), 0.0
+                self.open, self.paused, self.host_open = (time.perf_counter(), False), 0.0, 0.0
             started = time.perf_counter()
             out = call(args)
             timing = self if self.leader is None else self.leader
@@ -191,6 +195,18 @@ class ReplayTrial:
             self.open = None
             self._cannot_replay(getattr(graphed, "failure", None))
         return call(args), False   # a follower out of step (its forward launched): the forward's periods see it
+
+    def _has_turn(self):
+        if self.owner is None or self.label is not None:   # ranks keep their trials in step among themselves
+            return True
+        if self.turn is not None:
+            trial_turns.touch(self.turn)
+            return True
+        owner = trial_turns.owner_of(self.owner)
+        if not trial_turns.begin(owner):
+            return False
+        self.turn = owner
+        return True
 
     def _replay_holds_too_much(self):
         """Why an inference graph's capture would already raise the peak past MEMORY_MARGIN (its outputs held
@@ -257,6 +273,9 @@ class ReplayTrial:
 
     def _decide(self, replay, reason, launch_s=None, replay_s=None, host_s=None, peaks=None):
         self.replay = replay
+        if self.turn is not None:
+            trial_turns.end(self.turn)
+            self.turn = None
         log(Decision(self.kind, replay, launch_s, replay_s, reason, self.sizes, host_s, peaks))
         if not replay and self.release is not None:
             self.release()   # before the deciding call launches: never a launched step beside the graph's memory

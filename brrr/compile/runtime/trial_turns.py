@@ -1,0 +1,100 @@
+"""One trial at a time (runtime): which graph may time whole steps now.
+
+Why. A trial (replay_choice.py: launched against replayed; captured_choice.py: compiled against as captured)
+times a call's *period*, the whole step between two calls of its graph, so every other graph of the step is in
+each sample. Run side by side, one graph's samples each way saw the others in different states: Whisper's
+training step has a graph whose captured trial was skipped (memory) beside graphs running theirs, so its
+launched periods were timed while the others ran eager's ops and its replayed ones while they launched and
+captured. Its big graphs read 46.6 ms a step launched against 50.1 replayed and launched; in the next compile,
+in the same process, 45.3 against 41.4 and replayed, and the step took 43.9 ms against 40.3 (H200,
+benchmarks/NOTES.md). So trials take turns: a trial starts timing only when no other graph's trial is timing,
+and until then its graph runs as it would untried (compiled, launching), every step the same.
+
+The turn belongs to an *owner*: a compiled graph (all its places and shapes trial in step, as recordings.py
+says), or the Dynamo graph's compiled-or-captured wrapper while its trial runs, so that the replay trial its
+compiled graph runs inside it shares its turn (`calling`). A backward follows its forward's trial and never
+asks. The turn goes back when the owner's last started trial decides; an owner that stops being called (a
+graph run once, in a warm-up) loses it after MAX_WAIT calls of another graph waiting with no call of the
+holder between them.
+
+`pending()` says whether a trial is timing or waiting: a benchmark times the steady state only after it.
+"""
+
+import contextlib
+import weakref
+
+MAX_WAIT = 64   # a waiting graph's calls, none of the holder's between them, before the holder is taken as gone
+
+_state = {"holder": None, "active": 0, "holder_calls": 0}
+_waits = weakref.WeakKeyDictionary()      # waiting owner -> (holder_calls seen, its calls since then)
+_caller = []                              # the owners whose calls are running, innermost last
+
+
+def _holder():
+    ref = _state["holder"]
+    return ref() if ref is not None else None
+
+
+def owner_of(own):
+    """The owner a trial asks for its turn with: the wrapper whose call is running (its replay trial inside
+    shares the wrapper's turn), else `own`."""
+    return _caller[-1] if _caller else own
+
+
+@contextlib.contextmanager
+def calling(owner):
+    """Calls inside run under `owner`'s turn (captured_choice.py's wrapper around its compiled graph)."""
+    _caller.append(owner)
+    try:
+        yield
+    finally:
+        _caller.pop()
+
+
+def begin(owner):
+    """Whether `owner` may start a trial now; if so it holds the turn until each trial it began has `end`ed."""
+    holder = _holder()
+    if holder is owner:
+        _state["holder_calls"] += 1
+        _state["active"] += 1
+        _waits.pop(owner, None)
+        return True
+    if holder is not None and not _gone(owner):
+        return False
+    _state.update(holder=weakref.ref(owner), active=1, holder_calls=0)
+    _waits.pop(owner, None)
+    return True
+
+
+def touch(owner):
+    """A call of `owner`'s whose trial is timing: the holder is still being called."""
+    if _holder() is owner:
+        _state["holder_calls"] += 1
+
+
+def end(owner):
+    """One trial `owner` began has decided; the turn is free once none is left."""
+    if _holder() is owner:
+        _state["active"] -= 1
+        if _state["active"] <= 0:
+            _state.update(holder=None, active=0)
+
+
+def _gone(owner):
+    seen, waited = _waits.get(owner, (None, 0))
+    if seen != _state["holder_calls"]:
+        seen, waited = _state["holder_calls"], 0
+    _waits[owner] = (seen, waited + 1)
+    return waited + 1 > MAX_WAIT
+
+
+def pending():
+    """Whether a trial is timing, or a graph waits for its turn."""
+    return _holder() is not None or len(_waits) > 0
+
+
+def reset():
+    """Forget every turn (tests; a process that drops its compiled graphs mid-trial frees them by itself)."""
+    _state.update(holder=None, active=0, holder_calls=0)
+    _waits.clear()
+    _caller.clear()

@@ -1,0 +1,38 @@
+"""brrr.bench.settle: a benchmark's compiled step runs until no trial of brrr's is timing or waiting."""
+
+from brrr.bench.settle import settle
+from brrr.compile.runtime import trial_turns
+
+
+class Owner:
+    pass
+
+
+def test_settle_runs_until_the_trial_holding_the_turn_and_the_one_waiting_have_decided():
+    trial_turns.reset()
+    first, second = Owner(), Owner()
+    calls = []
+
+    def step():
+        calls.append(1)
+        n = len(calls)
+        if n == 1:
+            assert trial_turns.begin(first) and not trial_turns.begin(second)   # second waits its turn
+        if n == 30:
+            trial_turns.end(first)
+        if n == 31:
+            assert trial_turns.begin(second)
+        if n == 50:
+            trial_turns.end(second)
+
+    assert settle(step, at_least=3) == 50
+    assert not trial_turns.pending()
+
+
+def test_settle_stops_at_its_bound_when_a_trial_never_decides():
+    trial_turns.reset()
+    holder = Owner()
+    assert trial_turns.begin(holder)
+    assert settle(lambda: None, at_least=2, max_calls=7) == 7
+    trial_turns.reset()
+    assert settle(lambda: None, at_least=2) == 2
