@@ -12,8 +12,9 @@ decides), and SAMPLES more timed periods. A call's period runs from its start, t
 next call of this graph, as replay_choice.py times them (what runs between calls, a training step's backward
 included, counts). The captured calls come before the compiled graph's CUDA graph exists, so the trial never holds
 that graph's memory beside eager's activations. The captured graph is kept when its least period is under MARGIN
-of the compiled one's. A graph called at several input shapes decides per shape (MAX_SHAPES; past them a new
-shape runs compiled). Every verdict is logged (`DECISIONS`); `brrr explain` lists them.
+of the compiled one's. The trial starts on its turn (trial_turns.py), and the replay trial inside shares it. A
+graph called at several input shapes decides per shape (MAX_SHAPES; past them a new shape runs compiled). Every
+verdict is logged (`DECISIONS`); `brrr explain` lists them.
 
 Memory. Eager's ops save what eager saves for the backward, often far more than brrr's forward (a DistilBERT amp
 step's captured calls peaked at eager's 3198 MiB, the whole run at 1.31x Inductor's; benchmarks/NOTES.md). So

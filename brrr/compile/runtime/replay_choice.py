@@ -31,7 +31,9 @@ ms a step against 10.2-10.4 replayed (benchmarks/NOTES.md, 2026-11-26).
 A training forward leads its backward: the backward can replay only while its forward's replay lends it the
 saved tensors, so it launches and replays in step with the forward, times nothing, and takes the forward's
 verdict; the forward's periods span whole steps, its backward included, whichever way that ran. A graph with no leader
-(inference, a backward whose forward decided before it first ran) times its own periods.
+(inference, a backward whose forward decided before it first ran) times its own periods. Graphs take turns
+(trial_turns.py): a whole step's periods carry every other graph of the step, so a trial starts only when no
+other graph's trial is timing, and its graph launches, untimed, until then.
 A replay also costs memory: the graph's pool keeps the memory of everything the graph allocated. With
 cuda_graphs="auto" a graph replays only if the highest peak of allocated memory read after its capture and its
 replays is within MEMORY_MARGIN of the highest read after its launched calls, or for an inference graph within
