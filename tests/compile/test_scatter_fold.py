@@ -228,3 +228,45 @@ def test_a_scatter_along_the_last_dim_walks_its_index_rows():
     assert scatter.loop_order()[0] == 1
     torch._dynamo.reset()
     torch.testing.assert_close(compiled(along_last)(x, i, s), along_last(x, i, s))
+
+
+def _attention_layer(x, weight, att_src, att_dst, src, dst):
+    """A graph-attention layer as PyG computes it: features gathered by source, a softmax over each node's
+    incoming edges, messages scattered by destination."""
+    n, heads, width = x.shape[0], att_src.shape[0], att_src.shape[1]
+    h = (x @ weight).unflatten(1, (heads, width))
+    logits = F.leaky_relu((h * att_src).sum(-1)[src] + (h * att_dst).sum(-1)[dst], 0.2)
+    index = dst[:, None].expand_as(logits)
+    peak = logits.new_full((n, heads), float("-inf")).scatter_reduce(0, index, logits.detach(), "amax")
+    weight_e = (logits - peak[dst]).exp()
+    total = weight_e.new_zeros(n, heads).scatter_add(0, index, weight_e)
+    messages = h[src] * (weight_e / total[dst])[..., None]
+    return messages.new_zeros(n, heads, width).scatter_add(0, dst[:, None, None].expand_as(messages), messages)
+
+
+def test_a_gathered_value_saved_for_the_backward_is_stored_by_the_scatter_that_reads_it():
+    # the forward saves h[src] (edges x heads x width) for the backward and scatters h[src] * alpha: one kernel
+    # over the edges gathers once, stores the gathered rows and adds the messages in, instead of a gather kernel
+    # whose output the scatter reads back; forward and gradients equal eager's
+    from tests.compile.test_layout import plans
+
+    nodes, edges, feats, heads, width = 32, 128, 8, 2, 4
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(nodes, feats, generator=g)
+    params = [(torch.randn(feats, heads * width, generator=g) / 3).requires_grad_(),
+              torch.randn(heads, width, generator=g).requires_grad_(),
+              torch.randn(heads, width, generator=g).requires_grad_()]
+    src, dst = torch.randint(0, nodes, (edges,), generator=g), torch.randint(0, nodes, (edges,), generator=g)
+    forward = [plan for kind, plan, _ in plans(_attention_layer, x, *params, src, dst) if kind == "forward"]
+    (over_edges,) = [k for kd, k in forward[0].steps if kd == "kernel" and k.shape == (edges, heads, width)]
+    assert len(over_edges.roots) == 2
+    assert sorted(r.meta.get("atomic_into") is None for r in over_edges.roots) == [False, True]
+    torch._dynamo.reset()
+    out = compiled(_attention_layer)(x, *params, src, dst)
+    grads = torch.autograd.grad(out.square().sum(), params)
+    ref = [p.detach().double().requires_grad_() for p in params]
+    expected = _attention_layer(x.double(), *ref, src, dst)
+    expected_grads = torch.autograd.grad(expected.square().sum(), ref)
+    torch.testing.assert_close(out, expected.float())
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want.float())

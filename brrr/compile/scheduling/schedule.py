@@ -477,6 +477,64 @@ class Scheduler:
             self.open_kernel(k, root)
         self.position[n] = self.position[n.meta["scatter"]] = self.position[k]
 
+    def absorb_into_scatters(self):
+        """A scatter's values that read, element for element, a value stored for something else (a training
+        forward saves GAT's gathered features `h[src]` for its backward, and its messages `h[src] * alpha` are
+        scattered) compute and store that value in the scatter's own kernel, instead of a kernel of its own
+        storing it and the scatter reading it back: one pass over [edges, heads, channels] less (282 MB in the
+        first layer of the floor's GAT pattern). Only a kernel that stores that value alone, walks the same
+        space in the same order, and whose value no step between the two reads."""
+        steps = self.steps
+        for j, step in enumerate(steps):
+            kind, values_kernel = step if step is not None else (None, None)
+            if kind != "kernel" or not values_kernel.closed or len(values_kernel.roots) != 1:
+                continue
+            values = values_kernel.roots[0]
+            if values.meta.get("atomic_into") is None:
+                continue
+            idx = values_kernel.full_index()
+            for p in self._stored_reads(values_kernel, values, idx):
+                i = next((i for i, st in enumerate(steps[:j]) if st is not None and st[0] == "kernel"
+                          and st[1].roots == [p]), None)
+                if i is None or not self._absorbable(steps[i][1], values_kernel, p, steps[i + 1:j]):
+                    continue
+                self.kernel_of[p] = values_kernel
+                inlined = self.evaluate(values_kernel, p, idx)[1]
+                values_kernel.roots.insert(0, p)
+                values_kernel.members[:0] = [p] + sorted(inlined - set(values_kernel.members), key=lambda n: n.name)
+                steps[i] = None
+                self.refusals.append((p, "stored by the scatter reading it, in the scatter's kernel"))
+        self.steps = [s for s in steps if s is not None]
+
+    def _stored_reads(self, kernel, node, idx):
+        """The nodes other kernels store that `node`, at `idx` in `kernel`, reads at that same index only."""
+        value, _ = self.evaluate(kernel, node, idx)
+        loads = {}
+        for v in ir.walk(value):
+            if isinstance(v, ir.Load) and v.buf.kind == "pointwise" and v.buf in self.kernel_of:
+                loads.setdefault(v.buf, []).append(v.index)
+        return [b for b, at in loads.items()
+                if b.stride is not None and all(a == linear(idx, b.stride, 0) for a in at)]
+
+    def _absorbable(self, kernel, into, node, between):
+        if kernel.closed or kernel.alone or kernel.dims or not same(kernel.shape, into.shape):
+            return False
+        walked = [[d for d in k.loop_order() if hint(k.shape[d]) != 1] for k in (kernel, into)]
+        if walked[0] != walked[1]:   # the same walk over the dims that count: the stores stay as coalesced
+            return False
+        for step in between:
+            if step is None:
+                continue
+            kind, what = step
+            if kind == "kernel":
+                for r in what.roots:
+                    value, _ = self.evaluate(what, r, what.probe(r))
+                    if any(isinstance(v, ir.Load) and v.buf is node for v in ir.walk(value)):
+                        return False
+            elif kind == "aten" and node in _fx_inputs(what, self.L):
+                return False
+        return True
+
     def run(self):
         self.required()
         for n in self.nodes:
@@ -500,6 +558,7 @@ class Scheduler:
                     self.steps.append(("empty", n))
                     continue
                 self.place(n)
+        self.absorb_into_scatters()
         self.choose_tiles()
         position = {fx: i for i, fx in enumerate(self.L.gm.graph.nodes)} if self.L.gm is not None else {}
         for i, k in enumerate(k for kind, k in self.steps if kind == "kernel"):
