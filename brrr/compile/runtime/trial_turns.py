@@ -21,13 +21,14 @@ holder between them.
 """
 
 import contextlib
+import threading
 import weakref
 
 MAX_WAIT = 64   # a waiting graph's calls, none of the holder's between them, before the holder is taken as gone
 
 _state = {"holder": None, "active": 0, "holder_calls": 0}
 _waits = weakref.WeakKeyDictionary()      # waiting owner -> (holder_calls seen, its calls since then)
-_caller = []                              # the owners whose calls are running, innermost last
+_calls = threading.local()                # .owners: the owners whose calls run on this thread, innermost last
 
 
 def _holder():
@@ -38,17 +39,19 @@ def _holder():
 def owner_of(own):
     """The owner a trial asks for its turn with: the wrapper whose call is running (its replay trial inside
     shares the wrapper's turn), else `own`."""
-    return _caller[-1] if _caller else own
+    owners = getattr(_calls, "owners", None)
+    return owners[-1] if owners else own
 
 
 @contextlib.contextmanager
 def calling(owner):
     """Calls inside run under `owner`'s turn (captured_choice.py's wrapper around its compiled graph)."""
-    _caller.append(owner)
+    owners = _calls.__dict__.setdefault("owners", [])
+    owners.append(owner)
     try:
         yield
     finally:
-        _caller.pop()
+        owners.pop()
 
 
 def begin(owner):
@@ -97,4 +100,4 @@ def reset():
     """Forget every turn (tests; a process that drops its compiled graphs mid-trial frees them by itself)."""
     _state.update(holder=None, active=0, holder_calls=0)
     _waits.clear()
-    _caller.clear()
+    _calls.__dict__.pop("owners", None)
