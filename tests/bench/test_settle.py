@@ -36,3 +36,19 @@ def test_settle_stops_at_its_bound_when_a_trial_never_decides():
     assert settle(lambda: None, at_least=2, max_calls=7) == 7
     trial_turns.reset()
     assert settle(lambda: None, at_least=2) == 2
+
+
+def test_settle_stops_once_the_only_graph_waiting_is_no_longer_called():
+    trial_turns.reset()
+    holder, gone = Owner(), Owner()
+    calls = []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 1:
+            assert trial_turns.begin(holder) and not trial_turns.begin(gone)   # gone waits, then is never called
+        if len(calls) == 10:
+            trial_turns.end(holder)
+
+    assert settle(step, at_least=3) == 11   # the call ending the holder's trial and one more are quiet
+    assert trial_turns.pending() and not trial_turns.timing()

@@ -17,7 +17,8 @@ asks. The turn goes back when the owner's last started trial decides; an owner t
 graph run once, in a warm-up) loses it after MAX_WAIT calls of another graph waiting with no call of the
 holder between them.
 
-`pending()` says whether a trial is timing or waiting: a benchmark times the steady state only after it.
+`timing()` and `pending()` say whether a trial is timing, or timing or waiting: a benchmark times the steady
+state only after them (brrr/bench/settle.py).
 """
 
 import contextlib
@@ -91,8 +92,14 @@ def _gone(owner):
     return waited + 1 > MAX_WAIT
 
 
+def timing():
+    """Whether a trial holds the turn."""
+    return _holder() is not None
+
+
 def pending():
-    """Whether a trial is timing, or a graph waits for its turn."""
+    """Whether a trial is timing, or a graph waits for its turn (one may have stopped being called: a waiter
+    begins on its first call once the turn is free)."""
     return _holder() is not None or len(_waits) > 0
 
 
