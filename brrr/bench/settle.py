@@ -14,17 +14,20 @@ MAX_CALLS = 2000
 MAX_S = 120.0
 
 
-QUIET_CALLS = 2   # calls with no trial timing after which a graph still waiting is one no longer called
+QUIET_CALLS = 2   # calls in a row with no trial timing (or none of the holder's) after which the trials left
+                  # belong to graphs no longer called
 
 
 def settle(step, at_least=TRIAL_CALLS, max_calls=MAX_CALLS, max_s=MAX_S):
     """Call `step` `at_least` times, then while a trial is timing or waiting, up to `max_calls` calls in all or
     `max_s` seconds; the number of calls made. A waiting graph begins its trial on its first call once the turn
-    is free, so waiting with no trial timing for QUIET_CALLS calls means the waiter is not called any more."""
+    is free, and a holder's trial advances with each of its calls: QUIET_CALLS calls in a row with neither mean
+    the graphs left waiting or holding the turn are not called any more."""
     start, calls, quiet = time.perf_counter(), 0, 0
     while calls < at_least or (trial_turns.pending() and quiet < QUIET_CALLS and calls < max_calls
                                and time.perf_counter() - start < max_s):
+        before = trial_turns.progress()
         step()
         calls += 1
-        quiet = 0 if trial_turns.timing() else quiet + 1
+        quiet = 0 if trial_turns.timing() and trial_turns.progress() != before else quiet + 1
     return calls

@@ -18,6 +18,8 @@ def test_settle_runs_until_the_trial_holding_the_turn_and_the_one_waiting_have_d
         n = len(calls)
         if n == 1:
             assert trial_turns.begin(first) and not trial_turns.begin(second)   # second waits its turn
+        for owner in (first, second):   # a trial's calls while it holds the turn
+            trial_turns.touch(owner)
         if n == 30:
             trial_turns.end(first)
         if n == 31:
@@ -33,7 +35,8 @@ def test_settle_stops_at_its_bound_when_a_trial_never_decides():
     trial_turns.reset()
     holder = Owner()
     assert trial_turns.begin(holder)
-    assert settle(lambda: None, at_least=2, max_calls=7) == 7
+    assert settle(lambda: trial_turns.touch(holder), at_least=2, max_calls=7) == 7   # called, never deciding
+    assert settle(lambda: None, at_least=2) == 2   # the holder no longer called: two quiet calls
     trial_turns.reset()
     assert settle(lambda: None, at_least=2) == 2
 
@@ -47,6 +50,7 @@ def test_settle_stops_once_the_only_graph_waiting_is_no_longer_called():
         calls.append(1)
         if len(calls) == 1:
             assert trial_turns.begin(holder) and not trial_turns.begin(gone)   # gone waits, then is never called
+        trial_turns.touch(holder)
         if len(calls) == 10:
             trial_turns.end(holder)
 

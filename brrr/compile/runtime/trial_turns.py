@@ -97,6 +97,11 @@ def timing():
     return _holder() is not None
 
 
+def progress():
+    """What changes with each call of the holder's trials: (the holder, its calls since it took the turn)."""
+    return id(_holder()), _state["holder_calls"]
+
+
 def pending():
     """Whether a trial is timing, or a graph waits for its turn (one may have stopped being called: a waiter
     begins on its first call once the turn is free)."""
