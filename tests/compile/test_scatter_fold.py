@@ -244,23 +244,29 @@ def _attention_layer(x, weight, att_src, att_dst, src, dst):
     return messages.new_zeros(n, heads, width).scatter_add(0, dst[:, None, None].expand_as(messages), messages)
 
 
-def test_a_gathered_value_saved_for_the_backward_is_stored_by_the_scatter_that_reads_it():
-    # the forward saves h[src] (edges x heads x width) for the backward and scatters h[src] * alpha: one kernel
-    # over the edges gathers once, stores the gathered rows and adds the messages in, instead of a gather kernel
-    # whose output the scatter reads back; forward and gradients equal eager's
+@pytest.mark.parametrize("nodes,edges,heads,width", [(32, 128, 2, 4), (32, 128, 2, 5), (8, 16, 1, 16500)],
+                         ids=["rows-held-whole", "rows-unrolled", "rows-looped"])
+def test_a_graph_attention_layer_gathers_each_edge_value_once_each_way(nodes, edges, heads, width):
+    # forward: it saves h[src] for the backward and scatters h[src] * alpha, so one kernel over the edges gathers
+    # once, stores the gathered rows and adds the messages in (not a gather kernel whose output the scatter reads
+    # back). Backward: the attention's gradient reduces grad[dst] * h[src] over the channels and the features'
+    # gradient adds grad[dst] * alpha in by source, from one kernel over the edges (its initial zeros written
+    # first). Forward and gradients equal a float64 eager's, for rows a program holds whole, unrolls or loops over
     from tests.compile.test_layout import plans
 
-    nodes, edges, feats, heads, width = 32, 128, 8, 2, 4
+    feats = 8
     g = torch.Generator().manual_seed(0)
     x = torch.randn(nodes, feats, generator=g)
     params = [(torch.randn(feats, heads * width, generator=g) / 3).requires_grad_(),
               torch.randn(heads, width, generator=g).requires_grad_(),
               torch.randn(heads, width, generator=g).requires_grad_()]
     src, dst = torch.randint(0, nodes, (edges,), generator=g), torch.randint(0, nodes, (edges,), generator=g)
-    forward = [plan for kind, plan, _ in plans(_attention_layer, x, *params, src, dst) if kind == "forward"]
-    (over_edges,) = [k for kd, k in forward[0].steps if kd == "kernel" and k.shape == (edges, heads, width)]
-    assert len(over_edges.roots) == 2
-    assert sorted(r.meta.get("atomic_into") is None for r in over_edges.roots) == [False, True]
+    planned = {kind: plan for kind, plan, _ in plans(_attention_layer, x, *params, src, dst)}
+    over_edges = {kind: [k for kd, k in plan.steps if kd == "kernel" and k.shape == (edges, heads, width)]
+                  for kind, plan in planned.items()}
+    (forward,), (backward,) = over_edges["forward"], over_edges["backward"]
+    assert sorted(r.meta.get("atomic_into") is None for r in forward.roots) == [False, True]
+    assert backward.dims == (2,) and sum(r.meta.get("atomic_into") is not None for r in backward.roots) == 1
     torch._dynamo.reset()
     out = compiled(_attention_layer)(x, *params, src, dst)
     grads = torch.autograd.grad(out.square().sum(), params)

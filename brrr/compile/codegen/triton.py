@@ -309,8 +309,8 @@ class Codegen(UnrolledReductions, SpreadRoots):
         if target is not None:   # a scatter (lowering/scatter.py): combine into the target buffer at a computed index
             p = self.ptr(target, self.outputs, "out_ptr")
             at = node.meta["atomic_index"](idx)
-            off, _ = self.index(scope, linear(at, target.stride, 0))
-            mask = self.mask_for(False)
+            off, ordep = self.index(scope, linear(at, target.stride, 0))
+            mask = self.mask_for(ordep or rdep)   # in a reduction kernel, the lanes past the row's end add nothing
             if node.meta.get("atomic_mask") is not None:   # an index outside the target writes nothing
                 inside, _ = self.value(scope, node.meta["atomic_mask"](idx))
                 mask = f"{mask} & ({inside})" if mask else inside

@@ -506,6 +506,61 @@ class Scheduler:
                 self.refusals.append((p, "stored by the scatter reading it, in the scatter's kernel"))
         self.steps = [s for s in steps if s is not None]
 
+    def scatters_into_reductions(self):
+        """A scatter whose values walk the space of an earlier reduction kernel, in its order, adds them in from
+        that kernel, and its initial values are written before it: GAT's backward reduced grad[dst] * h[src] over
+        the channels (the attention's gradient) and, in a kernel of its own, gathered grad[dst] again to add
+        grad[dst] * alpha into the features' gradient by source. Only where the values read nothing the steps
+        between produce."""
+        made = self._made_at()
+        j = 0
+        while j < len(self.steps):
+            kind, values_kernel = self.steps[j]
+            init = self.steps[j - 1][1] if j and self.steps[j - 1][0] == "kernel" else None
+            values = values_kernel.roots[0] if kind == "kernel" and values_kernel.closed else None
+            if values is None or len(values_kernel.roots) != 1 or values.meta.get("atomic_into") is None \
+                    or init is None or init.roots != [values.meta["atomic_into"]] or values.fx in self.split:
+                j += 1
+                continue
+            i = self._reduction_for(values_kernel, values, init, j - 1, made)
+            if i is None:
+                j += 1
+                continue
+            reduction = self.steps[i][1]
+            self.kernel_of[values] = reduction
+            inlined = self.evaluate(reduction, values, reduction.full_index())[1]
+            reduction.roots.append(values)
+            reduction.members.extend([values] + sorted(inlined - set(reduction.members), key=lambda n: n.name))
+            self.steps = self.steps[:i] + [self.steps[j - 1]] + self.steps[i:j - 1] + self.steps[j + 1:]
+            self.refusals.append((values, "scattered from the reduction kernel walking its values' space"))
+            made = self._made_at()
+            j = i + 1
+
+    def _made_at(self):
+        """{node: the step that produces it} of the steps as they stand."""
+        made = {}
+        for i, (kind, what) in enumerate(self.steps):
+            for n in (what.roots if kind == "kernel" else [what]):
+                made[n] = i
+        return made
+
+    def _reduction_for(self, kernel, values, init, init_at, made):
+        """The step of the reduction kernel nearest before `init_at` that `values` (and the scatter's initial
+        values, `init`) can join, or None."""
+        walked = [d for d in kernel.loop_order() if hint(kernel.shape[d]) != 1]
+        for i in range(init_at - 1, -1, -1):
+            kind, k = self.steps[i]
+            if kind != "kernel" or not k.dims or k.closed or k.alone or not same(k.shape, kernel.shape) \
+                    or [d for d in k.loop_order() if hint(k.shape[d]) != 1] != walked:
+                continue
+            for node, at in ((values, k), (init.roots[0], init)):
+                value, _ = self.evaluate(at, node, at.full_index() if at is k else at.probe(node))
+                if any(made.get(v.buf, -1) >= i for v in ir.walk(value) if isinstance(v, ir.Load)) or \
+                        any(isinstance(v, ir.ReduceRef) and made.get(v.node, -1) >= i for v in ir.walk(value)):
+                    return None
+            return i
+        return None
+
     def _stored_reads(self, kernel, node, idx):
         """The nodes other kernels store that `node`, at `idx` in `kernel`, reads at that same index only."""
         value, _ = self.evaluate(kernel, node, idx)
@@ -559,6 +614,7 @@ class Scheduler:
                     continue
                 self.place(n)
         self.absorb_into_scatters()
+        self.scatters_into_reductions()
         self.choose_tiles()
         position = {fx: i for i, fx in enumerate(self.L.gm.graph.nodes)} if self.L.gm is not None else {}
         for i, k in enumerate(k for kind, k in self.steps if kind == "kernel"):
