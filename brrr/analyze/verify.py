@@ -4,10 +4,11 @@ brrr can apply to a copy of the model, measure the step, and set the measurement
 `analyze(..., verify=True)` / `brrr analyze --verify`. Each remedy (a `Remedy` in REMEDIES; tests add
 doubles) is applied to `copy.deepcopy` of the model and its inputs; the copy's step runs `warmup_calls`
 times (compiling happens there: a call during which Dynamo compiled counts, less one measured step, as
-compile time, kept apart from the step time), then is timed as the analyzer times its wall step
-(`timing.timed_runs`: plain synchronized steps, the fastest), MEASURE_RUNS of them. The model as analyzed is
-timed the same way before and after the remedies; the faster is the baseline every remedy is judged against
-(a step right after the analysis' profiler session can run slow for a while). Global settings a remedy changes
+compile time, kept apart from the step time) and on until no trial of brrr's is timing or waiting
+(`trial_turns.settle`: a model of several graphs decides them in turn), then is timed as the analyzer times
+its wall step (`timing.timed_runs`: plain synchronized steps, the fastest), MEASURE_RUNS of them. The model as
+analyzed is timed the same way before and after the remedies; the faster is the baseline every remedy is judged
+against (a step right after the analysis' profiler session can run slow for a while). Global settings a remedy changes
 (TF32 flags, autocast) are restored after it; a remedy that raises is reported as failed with its reason.
 
 Per remedy: the predicted step time (predict.py, calibrated where calibration.py has measured that kind; a
@@ -36,6 +37,7 @@ from brrr.analyze.precision import tf32_matmuls
 from brrr.analyze.progress import step_bar
 from brrr.analyze.step import Step
 from brrr.analyze.timing import dynamo_frames_compiled, timed_runs
+from brrr.compile.runtime import trial_turns
 from brrr.cost.device import synchronize
 
 MEASURE_RUNS = 5      # plain steps timed per remedy (and for the baseline); the fastest is the step time
@@ -242,6 +244,7 @@ def measure(prepared, train, device, runs=MEASURE_RUNS):
             synchronize(device)
             if dynamo_frames_compiled() != before:
                 compiling.append(time.perf_counter() - start)
+        trial_turns.settle(step, at_least=0)   # a model of several graphs decides them in turn
         samples = timed_runs(step, device, runs=runs)
     step_s = min(samples)
     compile_s = sum(max(t - step_s, 0.0) for t in compiling) if compiling else None

@@ -18,7 +18,7 @@ from brrr.bench.backends import backend_name, fresh_compile, strict_dynamo
 from brrr.bench.result import BenchResult, BenchRow, dtype_name
 from brrr.bench.step import Step, make_cotangents, to_dtype
 from brrr.bench.timing import time_graph, time_kernel, time_steady
-from brrr.bench.settle import settle
+from brrr.compile.runtime.trial_turns import settle
 from brrr.cost.device import synchronize, time_once
 
 DEFAULT_BACKENDS = ("eager", "inductor", "brrr")

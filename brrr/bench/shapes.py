@@ -20,7 +20,7 @@ from brrr.bench.result import Measured, dtype_name, with_errors_as_dicts
 from brrr.bench.runner import _eager_reference, _infer_device, _peak_memory, _reason, versions
 from brrr.bench.step import Step
 from brrr.bench.timing import time_kernel, time_steady
-from brrr.bench.settle import settle
+from brrr.compile.runtime.trial_turns import settle
 from brrr.cost.device import time_once
 
 

@@ -17,12 +17,13 @@ asks. The turn goes back when the owner's last started trial decides; an owner t
 graph run once, in a warm-up) loses it after MAX_WAIT calls of another graph waiting with no call of the
 holder between them.
 
-`timing()` and `pending()` say whether a trial is timing, or timing or waiting: a benchmark times the steady
-state only after them (brrr/bench/settle.py).
+`timing()` and `pending()` say whether a trial is timing, or timing or waiting; `settle(step)` calls a step until
+neither holds, so that a benchmark (brrr.bench, the sweep, `analyze --verify`) times the steady state.
 """
 
 import contextlib
 import threading
+import time
 import weakref
 
 MAX_WAIT = 64   # a waiting graph's calls, none of the holder's between them, before the holder is taken as gone
@@ -113,3 +114,29 @@ def reset():
     _state.update(holder=None, active=0, holder_calls=0)
     _waits.clear()
     _calls.__dict__.pop("owners", None)
+
+
+MAX_CALLS = 2000
+MAX_S = 120.0
+QUIET_CALLS = 2   # calls in a row with no trial timing (or none of the holder's) after which the trials left
+                  # belong to graphs no longer called
+
+
+def settle(step, at_least=None, max_calls=MAX_CALLS, max_s=MAX_S):
+    """Call `step` `at_least` times (default: one graph's trial, replay_choice.TRIAL_CALLS), then while a trial
+    is timing or waiting, up to `max_calls` calls in all or `max_s` seconds; the number of calls made. A waiting
+    graph begins its trial on its first call once the turn is free, and a holder's trial advances with each of
+    its calls: QUIET_CALLS calls in a row with neither mean the graphs left waiting or holding the turn are not
+    called any more."""
+    if at_least is None:
+        from brrr.compile.runtime.replay_choice import TRIAL_CALLS   # it imports this module
+
+        at_least = TRIAL_CALLS
+    start, calls, quiet = time.perf_counter(), 0, 0
+    while calls < at_least or (pending() and quiet < QUIET_CALLS and calls < max_calls
+                               and time.perf_counter() - start < max_s):
+        before = progress()
+        step()
+        calls += 1
+        quiet = 0 if timing() and progress() != before else quiet + 1
+    return calls

@@ -1,7 +1,7 @@
-"""brrr.bench.settle: a benchmark's compiled step runs until no trial of brrr's is timing or waiting."""
+"""trial_turns.settle: a benchmark's compiled step runs until no trial of brrr's is timing or waiting."""
 
-from brrr.bench.settle import settle
 from brrr.compile.runtime import trial_turns
+from brrr.compile.runtime.trial_turns import settle
 
 
 class Owner:
