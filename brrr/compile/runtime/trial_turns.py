@@ -26,7 +26,8 @@ import threading
 import time
 import weakref
 
-MAX_WAIT = 64   # a waiting graph's calls, none of the holder's between them, before the holder is taken as gone
+MAX_WAIT = 512  # a waiting graph's calls, none of the holder's between them, before the holder is taken as gone:
+                # one layer graph a step's 80 layers call (a graph break before each) waits 80 calls a step
 
 _state = {"holder": None, "active": 0, "holder_calls": 0}
 _waits = weakref.WeakKeyDictionary()      # waiting owner -> (holder_calls seen, its calls since then)
