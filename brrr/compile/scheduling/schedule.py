@@ -490,7 +490,7 @@ class Scheduler:
             if kind != "kernel" or not values_kernel.closed or len(values_kernel.roots) != 1:
                 continue
             values = values_kernel.roots[0]
-            if values.meta.get("atomic_into") is None:
+            if values.meta.get("atomic_into") is None or values.fx in self.split:   # the floor split it off
                 continue
             idx = values_kernel.full_index()
             for p in self._stored_reads(values_kernel, values, idx):
