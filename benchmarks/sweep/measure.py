@@ -31,6 +31,7 @@ from brrr.bench.runner import _reason
 from brrr.bench.step import Step, differentiable_outputs, make_cotangents, to_dtype
 from brrr.bench.timing import time_kernel, time_steady
 from brrr.compile.runtime import trial_turns
+from brrr.compile.runtime.replay_choice import TRIAL_CALLS
 from brrr.cost.device import synchronize, time_once
 from step_kernels import top_kernels
 
@@ -257,7 +258,7 @@ def _timed(step, device, warmup, rep, smoke):
     if smoke:
         once = time_once(step.cycle, device)
         return {"median_s": once, "p20_s": once, "p80_s": once, "steady_s": once}
-    trial_turns.settle(step.cycle)   # brrr's graphs decide how to run, in turn, before the steady state is timed
+    trial_turns.settle(step.cycle, TRIAL_CALLS)   # brrr's graphs decide how to run, in turn, before timing
     timing = time_kernel(step.cycle, device, warmup=warmup, rep=rep)
     return {"median_s": timing.median_s, "p20_s": timing.p20_s, "p80_s": timing.p80_s,
             "steady_s": time_steady(step.cycle, device).median_s}

@@ -18,6 +18,7 @@ from brrr.bench.backends import backend_name, fresh_compile, strict_dynamo
 from brrr.bench.result import BenchResult, BenchRow, dtype_name
 from brrr.bench.step import Step, make_cotangents, to_dtype
 from brrr.bench.timing import time_graph, time_kernel, time_steady
+from brrr.compile.runtime.replay_choice import TRIAL_CALLS
 from brrr.compile.runtime.trial_turns import settle
 from brrr.cost.device import synchronize, time_once
 
@@ -216,7 +217,7 @@ def _run_backend(row, model, input_sets, train, device, backend, reference, warm
         del outputs, grads   # kept, they would count in the peak below
         if wrong:
             row.status, row.reason = "wrong", wrong
-        settle(step)   # brrr's graphs choose how to run (launched or replayed, compiled or as captured), in turn
+        settle(step, TRIAL_CALLS)   # brrr's graphs choose how to run (launched or replayed, compiled or captured)
     timing = time_kernel(step, device, warmup=warmup, rep=rep)
     row.median_s, row.p20_s, row.p80_s, row.timing_method = timing.median_s, timing.p20_s, timing.p80_s, timing.method
     row.steady_s = time_steady(step, device).median_s

@@ -20,6 +20,7 @@ from brrr.bench.result import Measured, dtype_name, with_errors_as_dicts
 from brrr.bench.runner import _eager_reference, _infer_device, _peak_memory, _reason, versions
 from brrr.bench.step import Step
 from brrr.bench.timing import time_kernel, time_steady
+from brrr.compile.runtime.replay_choice import TRIAL_CALLS
 from brrr.compile.runtime.trial_turns import settle
 from brrr.cost.device import time_once
 
@@ -134,7 +135,7 @@ def bench_shapes(model, shape_inputs, backends=("eager", "inductor", "brrr"), tr
                         del outputs, grads
                         if wrong:
                             point.status, point.reason = "wrong", wrong
-                        settle(step)   # brrr's launch-or-replay choice, per shape's graphs, in turn
+                        settle(step, TRIAL_CALLS)   # brrr's launch-or-replay choice, per shape's graphs, in turn
                     point.median_s = time_kernel(step, device, warmup=warmup, rep=rep).median_s
                     point.steady_s = time_steady(step, device).median_s
                     point.peak_memory_bytes = _peak_memory(step, device,

@@ -123,16 +123,12 @@ QUIET_CALLS = 2   # calls in a row with no trial timing (or none of the holder's
                   # belong to graphs no longer called
 
 
-def settle(step, at_least=None, max_calls=MAX_CALLS, max_s=MAX_S):
-    """Call `step` `at_least` times (default: one graph's trial, replay_choice.TRIAL_CALLS), then while a trial
-    is timing or waiting, up to `max_calls` calls in all or `max_s` seconds; the number of calls made. A waiting
-    graph begins its trial on its first call once the turn is free, and a holder's trial advances with each of
-    its calls: QUIET_CALLS calls in a row with neither mean the graphs left waiting or holding the turn are not
-    called any more."""
-    if at_least is None:
-        from brrr.compile.runtime.replay_choice import TRIAL_CALLS   # it imports this module
-
-        at_least = TRIAL_CALLS
+def settle(step, at_least=0, max_calls=MAX_CALLS, max_s=MAX_S):
+    """Call `step` `at_least` times (a caller whose graphs may not have begun their trials yet passes one
+    graph's, replay_choice.TRIAL_CALLS), then while a trial is timing or waiting, up to `max_calls` calls in all
+    or `max_s` seconds; the number of calls made. A waiting graph begins its trial on its first call once the
+    turn is free, and a holder's trial advances with each of its calls: QUIET_CALLS calls in a row with neither
+    mean the graphs left waiting or holding the turn are not called any more."""
     start, calls, quiet = time.perf_counter(), 0, 0
     while calls < at_least or (pending() and quiet < QUIET_CALLS and calls < max_calls
                                and time.perf_counter() - start < max_s):
