@@ -195,6 +195,54 @@ def test_a_training_graph_whose_captured_calls_would_hold_too_much_runs_compiled
         assert "as captured not tried" in str(decision)
 
 
+class Broadcasting(torch.nn.Module):
+    """A step whose eager ops make a tensor 64 times its input and free it at once: little held for the
+    backward either way, a high peak only eager's way (brrr's kernel reduces it as it goes). Small integers
+    throughout, so that every order of the sums is exact."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(16, 16)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.randint(-2, 3, (16, 16)))
+            self.lin.bias.zero_()
+
+    def forward(self, x):
+        return (self.lin(x.round())[:, None, :].expand(-1, 64, -1) * 2.0).sum(1)
+
+
+@pytest.mark.parametrize("peaked, tried", [(0, False), (1 << 40, True)])
+def test_a_training_graph_whose_eager_step_would_peak_higher_runs_compiled_untimed(
+        clock_of, monkeypatch, peaked, tried):
+    """Counted on fake tensors, eager's step would peak at its [8, 64, 16] temporary, over MEMORY_MARGIN of what
+    the process has peaked at so far when that is little: the captured calls never run, and the verdict says
+    why. Where the process has already peaked far higher, they run as before. Steps equal eager's either way."""
+    from brrr.compile.runtime.held_for_backward import held_and_peak
+
+    clock_of(LaunchClock(5.0, 3.0))   # the captured graph would win on time
+    monkeypatch.setattr(captured_choice, "MEMORY", lambda: 0)
+    monkeypatch.setattr(captured_choice, "PEAK", lambda: peaked)
+    ran = []
+    make = captured_choice.CompiledOrCaptured.__init__
+
+    def counting(self, compiled, captured, *a, **k):   # real calls only: counting runs it on fake tensors
+        real = lambda *args: not isinstance(args[0], FakeTensor) and ran.append(1)   # noqa: E731
+        make(self, compiled, lambda *args: real(*args) or captured(*args), *a, **k)
+    monkeypatch.setattr(captured_choice.CompiledOrCaptured, "__init__", counting)
+    model = Broadcasting()
+    x = torch.randn(8, 16)
+    held, peak = held_and_peak(lambda x: model(x).square().mean(), [x])
+    assert peak >= 8 * 64 * 16 * 4 > 4 * held   # the temporary, not held
+    train_beside_eager(model)
+    [decision] = captured_choice.DECISIONS
+    assert bool(ran) is tried
+    if not tried:
+        eager, process = decision.peaks
+        assert eager >= 8 * 64 * 16 * 4 > captured_choice.MEMORY_MARGIN * process
+        assert "would peak at" in str(decision) and decision.captured_s is None
+
+
 def test_with_cuda_graphs_fastest_time_alone_decides(clock_of, monkeypatch):
     clock_of(LaunchClock(5.0, 3.0))
     monkeypatch.setattr(captured_choice, "MEMORY", lambda: 0)

@@ -20,8 +20,12 @@ Memory. Eager's ops save what eager saves for the backward, often far more than 
 step's captured calls peaked at eager's 3198 MiB, the whole run at 1.31x Inductor's; benchmarks/NOTES.md). So
 before a training graph's first captured call, both ways' held bytes are counted on fake tensors
 (held_for_backward.py); where the memory allocated now plus eager's would exceed MEMORY_MARGIN (replay_choice.py)
-of it plus brrr's, the graph runs compiled without the captured calls ever running. With cuda_graphs="fastest"
-time alone decides.
+of it plus brrr's, the graph runs compiled without the captured calls ever running. What eager frees as it goes
+is not held, but its step's peak becomes the process's: GAT's captured calls set its whole run's peak at eager's
+1212 MiB, where brrr's own calls had peaked at 974 (Inductor 854). So on a GPU eager's step, forward and
+backward, also runs on those fake tensors counting the bytes alive at once, and where that would peak more than
+MEMORY_MARGIN over what the process has peaked at so far (PEAK, brrr's first call included), the captured calls
+never run either. With cuda_graphs="fastest" time alone decides.
 
 BRRR_CAPTURED_TRIAL=0 turns this trial off (BRRR_FLOOR=0 turns it off with the floor): what times brrr's kernels
 themselves, such as the layout acceptance's one-op graphs, needs it off. On such a graph the trial's periods are the
@@ -39,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from brrr.compile.runtime import trial_turns
-from brrr.compile.runtime.held_for_backward import graph_constants, held_bytes
+from brrr.compile.runtime.held_for_backward import graph_constants, held_and_peak, held_bytes
 from brrr.compile.runtime.replay_choice import MEMORY_MARGIN, TRIAL_CALLS
 
 SAMPLES = 5
@@ -50,6 +54,7 @@ MAX_SHAPES = 8
 
 CLOCK = None         # a stand-in with now() and sync() (tests)
 MEMORY = None        # a stand-in for the device's allocated bytes now (tests)
+PEAK = None          # a stand-in for the device's peak allocated bytes so far (tests)
 DECISIONS = []
 
 
@@ -60,10 +65,16 @@ class Decision:
     captured: bool
     shapes: tuple = ()
     held: tuple | None = None  # (allocated before the call, held by brrr's call, held by eager's), bytes
+    peaks: tuple | None = None  # (eager's step would peak at, the process has peaked at), bytes
 
     def __str__(self):
         way = "runs as Dynamo captured it (eager's ops)" if self.captured else "runs compiled"
         at = f" at shapes {', '.join(map(str, self.shapes))}" if self.shapes else ""
+        if self.captured_s is None and self.peaks is not None:
+            eager, process = (b / 2**20 for b in self.peaks)
+            return (f"graph{at} {way}, as captured not tried: eager's step would peak at {eager:.0f} MiB (its "
+                    f"forward and backward counted on fake tensors) against the {process:.0f} MiB this process "
+                    f"has peaked at (more than {MEMORY_MARGIN - 1:.0%} over)")
         if self.captured_s is None:
             now, brrr, eager = (b / 2**20 for b in self.held)
             return (f"graph{at} {way}, as captured not tried: eager's ops would hold {eager:.0f} MiB for the "
@@ -160,15 +171,27 @@ class CompiledOrCaptured:
         if getattr(self.compiled, "_brrr_lean", None) != "training" or not torch.is_grad_enabled() or \
                 not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             return False
-        eager = held_bytes(self.captured, args, graph_constants(self.captured))
+        peaked = PEAK() if PEAK is not None else _peaked(args)   # brrr's first call included; None off CUDA
+        constants = graph_constants(self.captured)
+        counted = held_and_peak(self.captured, args, constants) if peaked is not None else \
+            (held_bytes(self.captured, args, constants), None)
+        eager, step = counted if counted is not None else (None, None)
         brrr = held_bytes(self.compiled, args) if eager is not None else None
         if eager is None or brrr is None:
             return False
         now = MEMORY() if MEMORY is not None else _allocated(args)
-        if now + eager <= MEMORY_MARGIN * (now + brrr):
-            return False
         shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)) if self.per_shape else ()
-        DECISIONS.append(Decision(None, None, False, shapes, (now, brrr, eager)))
+        if now + eager > MEMORY_MARGIN * (now + brrr):
+            DECISIONS.append(Decision(None, None, False, shapes, (now, brrr, eager)))
+            del DECISIONS[:-1000]
+            return True
+        # what eager's ops free as they go is not held, but their step's peak is the process's from then on
+        if step is None:
+            return False
+        process = max(peaked, now + brrr)
+        if now + step <= MEMORY_MARGIN * process:
+            return False
+        DECISIONS.append(Decision(None, None, False, shapes, (now, brrr, eager), (now + step, process)))
         del DECISIONS[:-1000]
         return True
 
@@ -190,6 +213,12 @@ class CompiledOrCaptured:
         if not self.per_shape:
             self.chosen = chosen
         return chosen(*args)
+
+
+def _peaked(args):
+    """The device's peak allocated bytes so far, or None off CUDA (nothing to weigh a step's peak against)."""
+    device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+    return torch.cuda.max_memory_allocated(device) if device is not None else None
 
 
 def _allocated(args):
