@@ -173,9 +173,10 @@ class CompiledOrCaptured:
             return False
         peaked = PEAK() if PEAK is not None else _peaked(args)   # brrr's first call included; None off CUDA
         constants = graph_constants(self.captured)
-        counted = held_and_peak(self.captured, args, constants) if peaked is not None else \
-            (held_bytes(self.captured, args, constants), None)
-        eager, step = counted if counted is not None else (None, None)
+        counted = held_and_peak(self.captured, args, constants) if peaked is not None else None
+        if counted is None:   # off CUDA, or the backward cannot run on fake tensors: the held bytes alone
+            counted = (held_bytes(self.captured, args, constants), None)
+        eager, step = counted
         brrr = held_bytes(self.compiled, args) if eager is not None else None
         if eager is None or brrr is None:
             return False
