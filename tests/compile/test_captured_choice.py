@@ -166,6 +166,18 @@ def pointwise_chain():
                                torch.nn.Linear(64, 16))
 
 
+def count_captured_calls(monkeypatch):
+    """A list that grows by one at each real call of a graph as captured (the fake-tensor counts run it too)."""
+    ran = []
+    make = captured_choice.CompiledOrCaptured.__init__
+
+    def counting(self, compiled, captured, *a, **k):
+        real = lambda *args: not isinstance(args[0], FakeTensor) and ran.append(1)   # noqa: E731
+        make(self, compiled, lambda *args: real(*args) or captured(*args), *a, **k)
+    monkeypatch.setattr(captured_choice.CompiledOrCaptured, "__init__", counting)
+    return ran
+
+
 @pytest.mark.parametrize("allocated, tried", [(0, False), (1 << 40, True)])
 def test_a_training_graph_whose_captured_calls_would_hold_too_much_runs_compiled_untimed(
         clock_of, monkeypatch, allocated, tried):
@@ -175,13 +187,7 @@ def test_a_training_graph_whose_captured_calls_would_hold_too_much_runs_compiled
     equal eager's either way."""
     clock_of(LaunchClock(5.0, 3.0))   # the captured graph would win on time
     monkeypatch.setattr(captured_choice, "MEMORY", lambda: allocated)
-    ran = []
-    make = captured_choice.CompiledOrCaptured.__init__
-
-    def counting(self, compiled, captured, *a, **k):   # real calls only: counting runs it on fake tensors
-        real = lambda *args: not isinstance(args[0], FakeTensor) and ran.append(1)   # noqa: E731
-        make(self, compiled, lambda *args: real(*args) or captured(*args), *a, **k)
-    monkeypatch.setattr(captured_choice.CompiledOrCaptured, "__init__", counting)
+    ran = count_captured_calls(monkeypatch)
     model = pointwise_chain()
     train_beside_eager(model)
     [decision] = captured_choice.DECISIONS
@@ -223,13 +229,7 @@ def test_a_training_graph_whose_eager_step_would_peak_higher_runs_compiled_untim
     clock_of(LaunchClock(5.0, 3.0))   # the captured graph would win on time
     monkeypatch.setattr(captured_choice, "MEMORY", lambda: 0)
     monkeypatch.setattr(captured_choice, "PEAK", lambda: peaked)
-    ran = []
-    make = captured_choice.CompiledOrCaptured.__init__
-
-    def counting(self, compiled, captured, *a, **k):   # real calls only: counting runs it on fake tensors
-        real = lambda *args: not isinstance(args[0], FakeTensor) and ran.append(1)   # noqa: E731
-        make(self, compiled, lambda *args: real(*args) or captured(*args), *a, **k)
-    monkeypatch.setattr(captured_choice.CompiledOrCaptured, "__init__", counting)
+    ran = count_captured_calls(monkeypatch)
     model = Broadcasting()
     x = torch.randn(8, 16)
     held, peak = held_and_peak(lambda x: model(x).square().mean(), [x])
