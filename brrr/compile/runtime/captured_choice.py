@@ -216,14 +216,18 @@ class CompiledOrCaptured:
         return chosen(*args)
 
 
+def _cuda_device(args):
+    return next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+
+
 def _peaked(args):
     """The device's peak allocated bytes so far, or None off CUDA (nothing to weigh a step's peak against)."""
-    device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+    device = _cuda_device(args)
     return torch.cuda.max_memory_allocated(device) if device is not None else None
 
 
 def _allocated(args):
-    device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+    device = _cuda_device(args)
     return torch.cuda.memory_allocated(device) if device is not None else 0
 
 

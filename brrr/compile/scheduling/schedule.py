@@ -498,10 +498,7 @@ class Scheduler:
                           and st[1].roots == [p]), None)
                 if i is None or not self._absorbable(steps[i][1], values_kernel, p, steps[i + 1:j]):
                     continue
-                self.kernel_of[p] = values_kernel
-                inlined = self.evaluate(values_kernel, p, idx)[1]
-                values_kernel.roots.insert(0, p)
-                values_kernel.members[:0] = [p] + sorted(inlined - set(values_kernel.members), key=lambda n: n.name)
+                self._join(values_kernel, p, first=True)
                 steps[i] = None
                 self.refusals.append((p, "stored by the scatter reading it, in the scatter's kernel"))
         self.steps = [s for s in steps if s is not None]
@@ -526,15 +523,29 @@ class Scheduler:
             if i is None:
                 j += 1
                 continue
-            reduction = self.steps[i][1]
-            self.kernel_of[values] = reduction
-            inlined = self.evaluate(reduction, values, reduction.full_index())[1]
-            reduction.roots.append(values)
-            reduction.members.extend([values] + sorted(inlined - set(reduction.members), key=lambda n: n.name))
+            self._join(self.steps[i][1], values)
             self.steps = self.steps[:i] + [self.steps[j - 1]] + self.steps[i:j - 1] + self.steps[j + 1:]
             self.refusals.append((values, "scattered from the reduction kernel walking its values' space"))
             made = self._made_at()
             j = i + 1
+
+    def _join(self, kernel, node, first=False):
+        """`node` becomes a root of `kernel` (its first with `first`), computed there at the kernel's full index;
+        its buffer's strides stay as they were fixed."""
+        self.kernel_of[node] = kernel
+        inlined = self.evaluate(kernel, node, kernel.full_index())[1]
+        joined = [node] + sorted(inlined - set(kernel.members), key=lambda n: n.name)
+        if first:
+            kernel.roots.insert(0, node)
+            kernel.members[:0] = joined
+        else:
+            kernel.roots.append(node)
+            kernel.members.extend(joined)
+
+    @staticmethod
+    def _walk(kernel):
+        """The dims a kernel walks, innermost first, leaving out those of extent 1 (their order moves nothing)."""
+        return [d for d in kernel.loop_order() if hint(kernel.shape[d]) != 1]
 
     def _made_at(self):
         """{node: the step that produces it} of the steps as they stand."""
@@ -547,11 +558,11 @@ class Scheduler:
     def _reduction_for(self, kernel, values, init, init_at, made):
         """The step of the reduction kernel nearest before `init_at` that `values` (and the scatter's initial
         values, `init`) can join, or None."""
-        walked = [d for d in kernel.loop_order() if hint(kernel.shape[d]) != 1]
+        walked = self._walk(kernel)
         for i in range(init_at - 1, -1, -1):
             kind, k = self.steps[i]
             if kind != "kernel" or not k.dims or k.closed or k.alone or not same(k.shape, kernel.shape) \
-                    or [d for d in k.loop_order() if hint(k.shape[d]) != 1] != walked:
+                    or self._walk(k) != walked:
                 continue
             for node, at in ((values, k), (init.roots[0], init)):
                 value, _ = self.evaluate(at, node, at.full_index() if at is k else at.probe(node))
@@ -574,8 +585,7 @@ class Scheduler:
     def _absorbable(self, kernel, into, node, between):
         if kernel.closed or kernel.alone or kernel.dims or not same(kernel.shape, into.shape):
             return False
-        walked = [[d for d in k.loop_order() if hint(k.shape[d]) != 1] for k in (kernel, into)]
-        if walked[0] != walked[1]:   # the same walk over the dims that count: the stores stay as coalesced
+        if self._walk(kernel) != self._walk(into):   # the same walk, so the stores stay as coalesced
             return False
         for step in between:
             if step is None:
