@@ -276,3 +276,17 @@ def test_a_graph_attention_layer_gathers_each_edge_value_once_each_way(nodes, ed
     torch.testing.assert_close(out, expected.float())
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got, want.float())
+
+
+@pytest.mark.parametrize("capability, half", [((9, 0), True), ((8, 0), False)])
+def test_half_sums_add_in_their_own_type_where_eager_does_on_a_gpu_with_native_atomics(monkeypatch, capability, half):
+    """scatter_add / scatter_reduce sums on a GPU add in the half type, as eager's atomics do (bf16 natively from
+    sm_90); index_put(accumulate) and max/min accumulate in float32; Triton's interpreter (CPU) has none."""
+    from brrr.compile.lowering.scatter import accumulator
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    bf16, fp16 = torch.bfloat16, torch.float16
+    assert accumulator(bf16, torch.device("cuda", 0), as_eager_sums=True) == (bf16 if half else torch.float32)
+    assert accumulator(fp16, torch.device("cuda", 0), as_eager_sums=True) == fp16
+    assert accumulator(bf16, torch.device("cuda", 0), as_eager_sums=False) == torch.float32
+    assert accumulator(bf16, torch.device("cpu"), as_eager_sums=True) == torch.float32

@@ -315,11 +315,11 @@ class Codegen(UnrolledReductions, SpreadRoots):
                 inside, _ = self.value(scope, node.meta["atomic_mask"](idx))
                 mask = f"{mask} & ({inside})" if mask else inside
             op = node.meta.get("atomic_op", "add")
+            val = self.narrow(name, node.dtype) if node.dtype != compute_dtype(node.dtype) else name
             if op == "store":
-                val = self.narrow(name, node.dtype) if node.dtype != compute_dtype(node.dtype) else name
                 scope.lines.append(f"{scope.indent}tl.store({p} + ({off}), {val}{_mask_arg(mask)})")
-            else:
-                scope.lines.append(f"{scope.indent}tl.atomic_{op}({p} + ({off}), {name}{_mask_arg(mask)}, "
+            else:   # a half-type sum adds in its own type (lowering/scatter.py's accumulator)
+                scope.lines.append(f"{scope.indent}tl.atomic_{op}({p} + ({off}), {val}{_mask_arg(mask)}, "
                                    f"sem='relaxed')")
             return
         p = self.ptr(node, self.outputs, "out_ptr")
