@@ -59,7 +59,7 @@ def cmd_ceilings(args):
     from brrr.cost.device import get_ceilings, print_ceilings
     from brrr.target import parse_device
 
-    ceilings = get_ceilings(parse_device(args.device), refresh=args.refresh, progress=True)
+    ceilings = get_ceilings(parse_device(args.device), refresh=args.refresh, progress=True, apart=False)
     print_ceilings(ceilings, _console())
     if args.json:
         with open(args.json, "w") as f:

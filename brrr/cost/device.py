@@ -19,6 +19,8 @@ import os
 import platform
 import re
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import date
@@ -299,8 +301,12 @@ def _store(path, ceilings):
     os.replace(tmp, path)
 
 
-def get_ceilings(device=None, refresh=False, progress=False):
-    """Ceilings of `device` (default: cuda if present, else cpu), measured once and cached."""
+def get_ceilings(device=None, refresh=False, progress=False, apart=None):
+    """Ceilings of `device` (default: cuda if present, else cpu), measured once and cached. `apart` (default: on
+    a GPU) measures them in a child process: the compiler and the analyzer measure on a machine's first use, inside
+    the user's process, where the copy and matmul buffers (up to 512 MiB) would count in its peak memory and stay
+    in its allocator's cache. Where the child cannot measure (no interpreter to start, an exclusive-process GPU),
+    they are measured here."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
@@ -311,9 +317,29 @@ def get_ceilings(device=None, refresh=False, progress=False):
         cached = _load_cached(path)
         if cached is not None:
             return cached
+    if device.type == "cuda" if apart is None else apart:
+        with _progress(progress, 1, f"measuring ceilings of {device_name(device)}") as advance:
+            measured = _measured_in_child(device)
+            advance()
+        cached = _load_cached(path) if measured else None
+        if cached is not None:
+            return cached
     ceilings = measure_ceilings(device, progress=progress)
     _store(path, ceilings)
     return ceilings
+
+
+def _measured_in_child(device):
+    """Whether a child process (`python -m brrr.cost.device DEVICE`) measured `device`'s ceilings into the cache."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))   # brrr, wherever it came from
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    try:
+        child = subprocess.run([sys.executable, "-m", "brrr.cost.device", str(device)], env=env, timeout=300,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return child.returncode == 0
 
 
 # --- display ----------------------------------------------------------------------------------------------------
@@ -354,3 +380,7 @@ def print_ceilings(ceilings, console):
     console.print(table)
     ridge = ceilings.ridge_point(torch.bfloat16, contraction=True)
     console.print(f"ridge point: {ceilings.ridge_point():.1f} FLOP/byte (fp32 FMA), {ridge:.0f} FLOP/byte (bf16 matmul)")
+
+
+if __name__ == "__main__":   # the child of get_ceilings(apart=True): measure, store, exit
+    _store(cache_path(torch.device(sys.argv[1])), measure_ceilings(torch.device(sys.argv[1])))

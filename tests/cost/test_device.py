@@ -1,4 +1,5 @@
-"""Ceilings: the roofline math, the cache (reuse, corrupt entries), the datasheet lookup."""
+"""Ceilings: the roofline math, the cache (reuse, corrupt entries), measuring in a child process, the datasheet
+lookup."""
 
 import json
 
@@ -71,3 +72,27 @@ def test_cpu_measurement_is_sane(tmp_path, monkeypatch):
     assert 1e-8 < c.launch_latency < 1e-3
     assert c.versions["torch"] == torch.__version__
     assert Ceilings.from_dict(c.to_dict()) == c
+
+
+def _refuse_in_process(monkeypatch):
+    def refuse(device, progress=False):
+        raise AssertionError("measured in the calling process")
+    monkeypatch.setattr(dev, "measure_ceilings", refuse)
+
+
+def test_measured_apart_in_a_child_process_that_fills_the_cache(tmp_path, monkeypatch):
+    """apart=True (a GPU's default): the buffers live in a child process, never in the caller's; the caller reads
+    the child's cache entry, and a second call measures nothing."""
+    monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
+    _refuse_in_process(monkeypatch)
+    c = dev.get_ceilings("cpu", apart=True)
+    assert c.kind == "cpu" and 1e8 < c.bandwidth < 1e13
+    assert dev.cache_path(torch.device("cpu")).exists()
+    assert dev.get_ceilings("cpu", apart=True) == c
+
+
+def test_measured_in_process_where_no_child_can_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(dev.sys, "executable", str(tmp_path / "no-such-python"))
+    monkeypatch.setattr(dev, "measure_ceilings", lambda device, progress=False: synthetic(kind="cpu"))
+    assert dev.get_ceilings("cpu", apart=True) == synthetic(kind="cpu")
