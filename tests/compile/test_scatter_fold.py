@@ -244,15 +244,24 @@ def _attention_layer(x, weight, att_src, att_dst, src, dst):
     return messages.new_zeros(n, heads, width).scatter_add(0, dst[:, None, None].expand_as(messages), messages)
 
 
-@pytest.mark.parametrize("nodes,edges,heads,width", [(32, 128, 2, 4), (32, 128, 2, 5), (8, 16, 1, 16500)],
+@pytest.mark.parametrize("saved", [False, True], ids=["recomputed", "saved"])
+@pytest.mark.parametrize("nodes,edges,heads,width", [(32, 96, 2, 4), (32, 128, 2, 5), (8, 16, 1, 16500)],
                          ids=["rows-held-whole", "rows-unrolled", "rows-looped"])
-def test_a_graph_attention_layer_gathers_each_edge_value_once_each_way(nodes, edges, heads, width):
-    # forward: it saves h[src] for the backward and scatters h[src] * alpha, so one kernel over the edges gathers
-    # once, stores the gathered rows and adds the messages in (not a gather kernel whose output the scatter reads
-    # back). Backward: the attention's gradient reduces grad[dst] * h[src] over the channels and the features'
-    # gradient adds grad[dst] * alpha in by source, from one kernel over the edges (its initial zeros written
-    # first). Forward and gradients equal a float64 eager's, for rows a program holds whole, unrolls or loops over
+def test_a_graph_attention_layer_gathers_each_edge_value_once_each_way(nodes, edges, heads, width, saved,
+                                                                      monkeypatch):
+    # forward: one kernel over the edges gathers h[src] and adds h[src] * alpha in. The backward gathers h[src]
+    # again (partition.py recomputes a gather larger than its table); where a forward saves it instead (`saved`:
+    # the partition rule off), that kernel also stores the gathered rows, not a gather kernel whose output the
+    # scatter reads back. Backward: the attention's gradient reduces grad[dst] * h[src] over the channels and the
+    # features' gradient adds grad[dst] * alpha in by source, from one kernel over the edges (its initial zeros
+    # written first). Forward and gradients equal a float64 eager's, for rows a program holds whole, unrolls or
+    # loops over. h's table outsizes the [edges, heads] weights, as at GAT's full size, so the backward's kernel
+    # walks h's rows, as the largest tensor it reads
+    from brrr.compile.passes import partition
     from tests.compile.test_layout import plans
+
+    if saved:
+        monkeypatch.setattr(partition, "prefer_recomputing_gathers", lambda joint, into_matmuls=False: None)
 
     feats = 8
     g = torch.Generator().manual_seed(0)
@@ -265,7 +274,7 @@ def test_a_graph_attention_layer_gathers_each_edge_value_once_each_way(nodes, ed
     over_edges = {kind: [k for kd, k in plan.steps if kd == "kernel" and k.shape == (edges, heads, width)]
                   for kind, plan in planned.items()}
     (forward,), (backward,) = over_edges["forward"], over_edges["backward"]
-    assert sorted(r.meta.get("atomic_into") is None for r in forward.roots) == [False, True]
+    assert sorted(r.meta.get("atomic_into") is None for r in forward.roots) == ([False, True] if saved else [False])
     assert backward.dims == (2,) and sum(r.meta.get("atomic_into") is not None for r in backward.roots) == 1
     torch._dynamo.reset()
     out = compiled(_attention_layer)(x, *params, src, dst)
