@@ -332,7 +332,7 @@ def get_ceilings(device=None, refresh=False, progress=False, apart=None):
 def _measured_in_child(device):
     """Whether a child process (`python -m brrr.cost.device DEVICE`) measured `device`'s ceilings into the cache."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))   # brrr, wherever it came from
-    if device.type == "cuda":
+    if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
         torch.cuda.synchronize(device)
     try:
         child = subprocess.run([sys.executable, "-m", "brrr.cost.device", str(device)], env=env, timeout=300,

@@ -49,13 +49,16 @@ def partition_fn(recompute=None):
 def prefer_recomputing_gathers(joint_module, into_matmuls=False):
     """Mark each gather of the joint graph whose result outsizes its inputs (integer indices only) as to be
     recomputed in the backward (torch's checkpoint policy PREFER_RECOMPUTE, which the min-cut honours); a node a
-    user's checkpoint already marked keeps its mark. Unless `into_matmuls`, not one that a matmul or convolution
-    reads (through views): the backward would write it to memory again, as "cheap" never has it do."""
+    user's checkpoint already marked keeps its mark, and one the graph returns is saved (the caller holds it
+    anyway). Unless `into_matmuls`, not one that a matmul or convolution reads (through views): the backward
+    would write it to memory again, as "cheap" never has it do."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     for node in joint_module.graph.nodes:
         if node.op != "call_function" or "recompute" in node.meta or not str(node.target).endswith(GATHERS):
             continue
+        if any(user.op == "output" for user in node.users):
+            continue   # the caller holds it anyway: saving it costs nothing
         if not into_matmuls and _read_by_a_matmul(node):
             continue
         inputs = [_tensor(a) for a in node.all_input_nodes]
