@@ -14,6 +14,7 @@ import torch
 from brrr.compile.ir import nodes as ir
 from brrr.compile.ir.indexing import Ix
 from brrr.compile.ir.nodes import Const, IndexValue, Op
+from brrr.compile.ir.sizes import known_true
 from brrr.compile.lowering.core import (NotLowered, cast, device_of, indirect, kept_index, make_reduction, masked,
                                         meta, register)
 
@@ -128,10 +129,18 @@ class Pooling:
             return list(idx[:self.nl]), oh, ow, valid
         return self.lead + (self.H, self.W, jh, jw), (self.nl + 2, self.nl + 3), at
 
+    def windows_inside_padding(self):
+        """Whether every window ends inside the padded input (as without ceil_mode): counting the padding, each
+        then holds kh * kw positions, and the divisor is a constant, not a dozen integer ops per output."""
+        return known_true((self.OH - 1) * self.sh - self.ph + self.kh <= self.H + self.ph) and \
+            known_true((self.OW - 1) * self.sw - self.pw + self.kw <= self.W + self.pw)
+
     def divisor(self, oh, ow, count_include_pad, divisor_override):
         """avg_pool2d's divisor for output (oh, ow), as ATen computes it (an int64 Value)."""
         if divisor_override:
             return _int(int(divisor_override))
+        if count_include_pad and self.windows_inside_padding():   # ATen's clip never binds: one divisor for all
+            return _int(self.kh * self.kw)
         h0, w0 = _op("sub", _op("mul", oh, self.sh), self.ph), _op("sub", _op("mul", ow, self.sw), self.pw)
         h1 = _op("minimum", _op("add", h0, self.kh), self.H + self.ph)
         w1 = _op("minimum", _op("add", w0, self.kw), self.W + self.pw)
