@@ -65,9 +65,13 @@ def _gated(cond, read, fill, dtype):
 
 
 def _masked_load(v, cond):
-    """Whether `v` is a Load (through casts) masked by `cond`, alone or as the last of its masks."""
+    """Whether `v` is 0 wherever `cond` fails: a Load (through casts) masked by `cond`, alone or as the last of its
+    masks, or a select between such a value and 0 (max pooling's backward: the gradient where the window's max
+    was here)."""
     while isinstance(v, Op) and v.name == "cast":
         v = v.args[0]
+    if isinstance(v, Op) and v.name == "where" and isinstance(v.args[2], Const) and v.args[2].value == 0:
+        return _masked_load(v.args[1], cond)
     mask = v.mask if isinstance(v, ir.Load) else None
     return mask is cond or (isinstance(mask, Op) and mask.name == "and" and mask.args[-1] is cond)
 
@@ -181,10 +185,9 @@ def lower_max_pool2d(L, fx, x, kernel_size, stride=None, padding=0, dilation=1, 
     first = make_reduction(L, fx, window, dims, "min", out_shape, I32, body=first_max, acc_dtype=I32)
     last = None
     if dtype.is_floating_point:
-        def last_nan(idx):
-            _, valid = p.input_at(idx)
+        def last_nan(idx):   # a position outside the input reads -inf, never NaN: no need to ask if it is inside
             nan = Op("isnan", [window(idx)], torch.bool)
-            return Op("where", [_all([valid, nan]), position(idx), Const(-1, I32)], I32)
+            return Op("where", [nan, position(idx), Const(-1, I32)], I32)
         last = make_reduction(L, fx, window, dims, "max", out_shape, I32, body=last_nan, acc_dtype=I32)
 
     def index_fn(idx):
