@@ -24,7 +24,8 @@ from brrr.compile.ir.sizes import hint
 RECOMPUTE = ("cheap", "pointwise")
 GATHERS = ("index.Tensor", "gather.default", "index_select.default")
 MATERIALIZING = ("mm", "bmm", "addmm", "baddbmm", "convolution", "convolution_backward",
-                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention")
+                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_cudnn_attention", "_efficient_attention_forward", "_flash_attention_forward")
 VIEWS = ("view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "unsqueeze", "squeeze", "alias",
          "slice", "select")
 DEFAULT_RECOMPUTE = "cheap"
