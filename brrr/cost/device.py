@@ -383,4 +383,5 @@ def print_ceilings(ceilings, console):
 
 
 if __name__ == "__main__":   # the child of get_ceilings(apart=True): measure, store, exit
-    _store(cache_path(torch.device(sys.argv[1])), measure_ceilings(torch.device(sys.argv[1])))
+    _measured = torch.device(sys.argv[1])
+    _store(cache_path(_measured), measure_ceilings(_measured))

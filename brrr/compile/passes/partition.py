@@ -20,6 +20,7 @@ channels], saved: 268 MiB of the 970 its launched training step peaked at (H200)
 import torch
 
 from brrr.compile.ir.sizes import hint
+from brrr.cost.ops import tensor_bytes
 
 RECOMPUTE = ("cheap", "pointwise")
 GATHERS = ("index.Tensor", "gather.default", "index_select.default")
@@ -68,7 +69,7 @@ def prefer_recomputing_gathers(joint_module, into_matmuls=False):
             continue
         if any(not t.dtype.is_floating_point and t.dtype not in (torch.int32, torch.int64) for t in inputs):
             continue   # a boolean mask's result has a data-dependent size
-        if _bytes(out) > sum(_bytes(t) for t in inputs):
+        if hint(tensor_bytes(out)) > sum(hint(tensor_bytes(t)) for t in inputs):
             node.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
 
 
@@ -90,6 +91,3 @@ def _tensor(node):
     val = node.meta.get("val")
     return val if isinstance(val, torch.Tensor) else None
 
-
-def _bytes(t):
-    return hint(t.numel()) * t.element_size()

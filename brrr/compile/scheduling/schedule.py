@@ -566,8 +566,9 @@ class Scheduler:
                 continue
             for node, at in ((values, k), (init.roots[0], init)):
                 value, _ = self.evaluate(at, node, at.full_index() if at is k else at.probe(node))
-                if any(made.get(v.buf, -1) >= i for v in ir.walk(value) if isinstance(v, ir.Load)) or \
-                        any(isinstance(v, ir.ReduceRef) and made.get(v.node, -1) >= i for v in ir.walk(value)):
+                read = [v.buf if isinstance(v, ir.Load) else v.node for v in ir.walk(value)
+                        if isinstance(v, (ir.Load, ir.ReduceRef))]
+                if any(made.get(n, -1) >= i for n in read):
                     return None
             return i
         return None
