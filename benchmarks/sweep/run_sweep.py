@@ -16,7 +16,9 @@ Workers: with `--gpus N`, this process plans and merges; N workers (this script 
 take configurations of about equal estimated cost, on GPU I alone, pinned to their share of the host's CPUs,
 with fresh compile caches of their own. A configuration does not start once a worker's `--budget-s` is spent;
 `--previous FILE` carries over every configuration that file measured on this GPU (each keeps the commit it
-measured, and the report names every commit), so a sweep cut into several calls goes on where the last stopped. Results: `<out>/<date>-<gpu>-<commit>.json` and `.md`
+measured, and the report names every commit), so a sweep cut into several calls goes on where the last stopped. `--share-gpu K` runs K workers on each
+GPU at once, for peak memory alone (`torch.cuda.max_memory_allocated` is per process): their times are
+contended, so the report compares none of them, and no peer they measure is cached. Results: `<out>/<date>-<gpu>-<commit>.json` and `.md`
 (rewritten after every configuration) and the peer cache `<out>/peers.json`.
 """
 
@@ -63,6 +65,9 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=float, default=500.0, help="no configuration starts after this many seconds")
     p.add_argument("--rep-ms", type=float, default=200.0, help="do_bench's timed milliseconds per backend")
     p.add_argument("--gpus", default="1", help="N or 'all': one worker per GPU")
+    p.add_argument("--share-gpu", type=int, default=1, metavar="K",
+                   help="K workers on each GPU at once, for peak memory: their times are not compared and the "
+                        "peers they measure are not cached")
     p.add_argument("--commit", help="the commit measured (default: git rev-parse --short HEAD)")
     p.add_argument("--keep-caches", action="store_true", help="keep the existing compile caches")
     p.add_argument("--worker", help=argparse.SUPPRESS)       # I/N
@@ -138,8 +143,10 @@ def _log_line(key, item):
     return str(item)
 
 
-def run_config(config, backends, device, cache, versions, quick, rep_ms, profile, measure_fn=None):
-    """One configuration's entry: rows per backend (peers from the cache where it holds them), or the error."""
+def run_config(config, backends, device, cache, versions, quick, rep_ms, profile, measure_fn=None, shared=1):
+    """One configuration's entry: rows per backend (peers from the cache where it holds them), or the error.
+    With `shared` > 1 workers on this GPU, the times are contended: a cached peer is taken as it is (its
+    memory holds; eager's ratio says nothing) and nothing measured here goes into the cache."""
     import torch
 
     import measure as measuring
@@ -147,6 +154,8 @@ def run_config(config, backends, device, cache, versions, quick, rep_ms, profile
 
     measure_fn = measure_fn or measuring.measure
     entry = {"name": config.name, "family": config.family, "train": config.train, "precision": config.precision}
+    if shared > 1:
+        entry["shared_gpu"] = shared
     logs = brrr_logs()
     marks = {k: len(v) for k, v in logs.items()}
     start = time.perf_counter()
@@ -163,14 +172,14 @@ def run_config(config, backends, device, cache, versions, quick, rep_ms, profile
         now = [b for b in backends if b not in wanted_peers or cached is None]
         warmup, rep = (2, 5) if quick else (25, rep_ms)
         rows = measure_fn(config, work, now, device, warmup=warmup, rep=rep, profile=profile)
-        if cached is not None and peer_cache.stale(cached, rows["eager"]):
+        if cached is not None and shared == 1 and peer_cache.stale(cached, rows["eager"]):
             fresh = measure_fn(config, work, wanted_peers, device, warmup=warmup, rep=rep, profile=profile)
             peer_rows = {p: fresh[p] for p in wanted_peers if p in fresh}
             rows.update(peer_rows)
             cache.store(key, fresh["eager"], peer_rows, versions.commit, versions.date)
         elif cached is not None:
             rows.update(peer_cache.scaled_rows(cached, rows["eager"]))
-        elif cache is not None and wanted_peers:
+        elif cache is not None and wanted_peers and shared == 1:
             cache.store(key, rows["eager"], {p: rows[p] for p in wanted_peers if p in rows},
                         versions.commit, versions.date)
         entry.update(status="ok", rows=rows)
@@ -233,7 +242,8 @@ def run(args):
     results = {"environment": {"device": device_name, "date": date, "commit": commit, "torch": torch.__version__,
                                "triton": triton_version(), "backends": backends, "mode": "quick" if quick else "full",
                                "dynamo": "defaults", "worker": args.worker, "cpus": args.cpus,
-                               "peers": str(args.peers), "remeasure_peers": args.remeasure_peers}, "configs": {}}
+                               "peers": str(args.peers), "remeasure_peers": args.remeasure_peers,
+                               "shared_gpu": args.share_gpu}, "configs": {}}
     peers_out = stem.with_name(stem.name + "-peers.json") if args.worker else out_dir / "peers.json"
     previous = carried_over(args.previous, device_name)
     started = time.perf_counter()
@@ -248,14 +258,17 @@ def run(args):
                                                "error": f"time budget: {elapsed:.0f} s spent"}
             continue
         print(f"[sweep] {config.name} ...", flush=True)
-        entry = run_config(config, backends, device, cache, versions, quick, args.rep_ms, args.kernels)
+        entry = run_config(config, backends, device, cache, versions, quick, args.rep_ms, args.kernels,
+                           shared=args.share_gpu)
         entry["commit"] = commit
         results["configs"][config.name] = entry
         print(f"[sweep] {config.name}: {entry['status']} in {entry['elapsed_s']:.0f} s {one_line(entry)}", flush=True)
         report.write(results, stem)
-        cache.write(peers_out)
+        if args.share_gpu == 1:
+            cache.write(peers_out)
     report.write(results, stem)
-    cache.write(peers_out)
+    if args.share_gpu == 1:
+        cache.write(peers_out)
     if not args.worker:
         print(report.markdown(results), flush=True)
     print(f"[sweep] wrote {stem}.json and .md", flush=True)
@@ -276,7 +289,8 @@ def one_line(entry):
 
 
 def run_workers(args, count):
-    """`count` workers at once, one per GPU; their files merged into one result and one peer cache."""
+    """`count` workers at once, `--share-gpu` of them on each GPU; their files merged into one result and one
+    peer cache."""
     import models
     import sweep_report as report
     from peers import PeerCache
@@ -285,20 +299,20 @@ def run_workers(args, count):
     commit, date = args.commit or git_commit(), utc_date()
     out_dir = Path(args.out or RESULTS_DIR)
     work_dir = Path(tempfile.mkdtemp(prefix="brrr-sweep-workers-"))
-    shares = [s for s in models.parts(selected(args), count) if s]
+    shares = [s for s in models.parts(selected(args), count * args.share_gpu) if s]
     cpus = cpu_shares(len(shares))
     procs, relays = [], []
     for i, share in enumerate(shares):
-        print(f"[sweep] gpu {i}: {len(share)} configurations, ~{sum(c.cost for c in share):.0f} s, "
+        print(f"[sweep] worker {i} on gpu {i // args.share_gpu}: {len(share)} configurations, ~{sum(c.cost for c in share):.0f} s, "
               f"CPUs {_ranges(cpus[i])}", flush=True)
         cmd = [sys.executable, __file__, "--worker", f"{i}/{len(shares)}", "--cpus", ",".join(map(str, cpus[i])),
                "--date", date, "--commit", commit, "--only", ",".join(c.name for c in share),
                "--worker-dir", str(work_dir), "--budget-s", str(args.budget_s), "--rep-ms", str(args.rep_ms),
-               "--peers", args.peers] + sum((["--previous", p] for p in args.previous), []) + \
+               "--peers", args.peers, "--share-gpu", str(args.share_gpu)] + sum((["--previous", p] for p in args.previous), []) + \
             [f for f, on in (("--quick", args.quick), ("--kernels", args.kernels),
                              ("--remeasure-peers", args.remeasure_peers), ("--keep-caches", args.keep_caches)) if on] + \
             (["--backends", args.backends] if args.backends else [])
-        procs.append(subprocess.Popen(cmd, env=worker_env(i, cpus[i]), stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen(cmd, env=worker_env(i // args.share_gpu, cpus[i]), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, bufsize=1))
         relays.append(threading.Thread(target=_relay, args=(procs[-1], i), daemon=True))
         relays[-1].start()
@@ -308,7 +322,7 @@ def run_workers(args, count):
         if not files:
             return None
         results = report.merge(files)
-        results["environment"].update(concurrent_gpus=len(shares), worker=None)
+        results["environment"].update(concurrent_gpus=count, shared_gpu=args.share_gpu, worker=None)
         stem = result_stem(out_dir, results["environment"]["device"], commit=commit, date=date)
         report.write(results, stem)
         cache = PeerCache(args.peers)
@@ -347,7 +361,7 @@ def main(argv=None):
         count = max(1, visible) if args.gpus == "all" else int(args.gpus)
         if not args.quick and count > max(visible, 1):
             raise SystemExit(f"--gpus {args.gpus}: {visible} GPU(s) visible")
-        if count > 1:
+        if count > 1 or args.share_gpu > 1:
             return run_workers(args, count)
     return run(args)
 

@@ -33,7 +33,10 @@ def better_inductor(rows):
 
 
 def ratios(entry):
-    """brrr's speed over eager, Inductor default and Inductor's better mode (>1: brrr faster), or None each."""
+    """brrr's speed over eager, Inductor default and Inductor's better mode (>1: brrr faster), or None each;
+    none for a configuration measured on a GPU other workers shared (`--share-gpu`): its times are contended."""
+    if entry.get("shared_gpu", 1) > 1:
+        return {}
     rows = entry.get("rows", {})
     brrr = _time(rows.get("brrr"))
     if not brrr:
@@ -173,6 +176,8 @@ def markdown(results):
         r = ratios(e)
         brrr = rows.get("brrr", {})
         status = e.get("status") if e.get("status") != "ok" else brrr.get("status", "—")
+        if e.get("shared_gpu", 1) > 1:
+            status += f" (memory only: GPU shared by {e['shared_gpu']})"
         reason = (e.get("error") or brrr.get("reason") or "")[:80].replace("|", "/")
         compile_s = f"{_fmt(brrr.get('first_call_s'), '.0f')} / {_fmt(rows.get('inductor', {}).get('first_call_s'), '.0f')}"
         lines.append(f"| {name} | {e.get('precision', '')}{' train' if e.get('train') else ''} | "

@@ -192,6 +192,35 @@ def test_peers_cached_under_an_eager_too_far_from_this_runs_are_measured_again(c
     assert math.isclose(entry["eager"]["median_s"], 20e-3)
 
 
+def test_a_shared_gpu_keeps_memory_but_neither_caches_nor_compares_its_times(catalog, tmp_path):
+    """Workers sharing a GPU (`--share-gpu`) contend for it: a cached peer is taken as it is however far eager
+    strays, nothing they measure is cached, and the report leaves their times out of every speed line."""
+    sweep = load("sweep", "run_sweep")
+    peers = load("sweep", "peers")
+    report = load("sweep", "sweep_report")
+    models = load("zoo", "models")
+    config = _tiny_config(catalog, models, True, "fp32")
+    backends = ["eager", "brrr", "inductor", "inductor-reduce-overhead"]
+    h100 = sweep.Versions("H100", "2.11", "3.6", "abc", "d1")
+    calls, empty = [], peers.PeerCache(tmp_path / "none.json")
+    fresh = sweep.run_config(config, backends, "cpu", empty, h100, True, 5, False,
+                             measure_fn=_fake_measure(calls), shared=3)
+    assert calls == [backends] and empty.entries == {}                    # measured, not cached
+    cache = peers.PeerCache(tmp_path / "peers.json")
+    sweep.run_config(config, backends, "cpu", cache, h100, True, 5, False, measure_fn=_fake_measure(calls))
+    calls = ["the cached run"]                                           # later runs: eager twice its time
+    slow = _fake_measure(calls, later=2.0)
+    shared = sweep.run_config(config, backends, "cpu", cache, h100, True, 5, False, measure_fn=slow, shared=3)
+    assert calls[1:] == [["eager", "brrr"]]                               # the cached peers, not re-measured
+    assert shared["shared_gpu"] == 3 and shared["rows"]["inductor"]["peak_memory_bytes"] == 100
+    results = {"environment": {"device": "GPU", "commit": "abc", "date": "d", "torch": "2", "triton": "3"},
+               "configs": {"a": fresh, "b": shared}}
+    s = report.summarize(results)
+    assert s["training"]["brrr_over_eager"] is None and s["slower_than_eager"] == []
+    assert s["training_memory_ratio"] == {"a": 1.0, "b": 1.0}
+    assert "memory only: GPU shared by 3" in report.markdown(results)
+
+
 def _row(backend, ms, status="ok", peak=None, reserved=None):
     return {"backend": backend, "status": status, "median_s": ms / 1e3, "peak_memory_bytes": peak,
             "peak_reserved_bytes": reserved}
