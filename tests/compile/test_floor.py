@@ -409,3 +409,48 @@ def test_a_call_no_head_start_covers_stops_growing_it(monkeypatch):
     timer._queue(lambda: runs.append(1))
     timer._queue(lambda: runs.append(1))   # no longer grown: each later call is timed once
     assert len(runs) == 3 + 3 + 1 and (timer.cycles, timer.grow) == (floor.HEAD_START_CYCLES, False)
+
+
+class PeakTimer(FakeTimer):
+    """FakeTimer in a process whose peak allocated so far is `peak` bytes."""
+
+    def __init__(self, peak, *times):
+        super().__init__(*times)
+        self.peak = peak
+
+    def peak_bytes(self, graph):
+        return self.peak
+
+
+def test_an_alternative_storing_over_the_memory_slack_of_the_peak_is_not_tried(timer_of, monkeypatch, tmp_path):
+    """[8, 64] fp32: split stores the relu's product (2 KiB); ATen also holds the relu's value while the product
+    is made (4 KiB at once). Of a 30 KiB peak the 10% slack admits the split alone; explain says why ATen was
+    not tried. A peak a hundred times larger admits both."""
+    x, w = torch.randn(8, 64), torch.randn(64)
+    value = x.numel() * x.element_size()
+    timer = timer_of(PeakTimer(30 * 1024, 3.0, 2.0, 1.0))
+    torch.testing.assert_close(_run(x, w), norm_block(x, w))
+    [slow] = [v for v in floor.DECISIONS if _fuses_relu_and_mean(v.kernel)]
+    assert "split" in slow.tried and "aten" not in slow.tried and slow.kept == "split"
+    assert slow.untried == {"aten": (2 * value, 30 * 1024)}
+    assert "aten" not in timer.forms
+    assert "aten not tried: it would store 0 MiB, over 10% of the 0 MiB peak so far" in str(slow)
+    floor.DECISIONS.clear()
+    torch._dynamo.reset()
+    monkeypatch.setenv("BRRR_CACHE_DIR", str(tmp_path / "bigger-peak"))   # no verdict cached
+    timer_of(PeakTimer(3 * 1024 * 1024, 3.0, 2.0, 1.0))
+    torch.testing.assert_close(_run(x, w), norm_block(x, w))
+    [slow] = [v for v in floor.DECISIONS if _fuses_relu_and_mean(v.kernel)]
+    assert {"split", "aten"} <= set(slow.tried) and slow.kept == "aten" and not slow.untried
+
+
+def test_a_kernels_aten_intermediates_are_counted_while_alive():
+    """relu -> mul -> sum -> add: relu's and mul's values are alive together, then mul's with the sum's."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x: (torch.relu(x) * 2).sum(-1, keepdim=True) + x)(torch.randn(16, 32))
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert [floor.value_bytes(n) for n in nodes] == [2048, 2048, 64, 2048]
+    assert floor._held_at_once(nodes, set(nodes[:3])) == 4096
+    assert floor._held_at_once(nodes[1:], set(nodes[1:3])) == 2048 + 64
+    assert floor._held_at_once(nodes, {nodes[1]}) == 2048

@@ -19,6 +19,12 @@ How, on the first call of a graph on a GPU (CompiledGraph._first_call runs `sett
   stored), and the kernel's ops as ATen calls. The graph as it stands and each alternative are timed as
   whole calls (CUDA events, the median of CALL_SAMPLES, after a checking call); an alternative is kept when it
   saves MARGIN. Choices accumulate, kernel by kernel.
+- Memory binds as time does: the split and ATen forms store values the fused kernel keeps in registers (the
+  split's stored values; the ATen ops' intermediates, alive from their op to their last use). One whose extra
+  bytes, with those of the forms kept before it, exceed MEMORY_SLACK of the process's peak allocated so far is
+  not tried: its call could raise the whole run's peak by more than that. OPT-125m's loss backward as ATen
+  materialized [8192, 50272] logits-sized tensors, and its first call peaked at 8634 MiB against a steady step of
+  3614 (benchmarks/NOTES.md).
 - Every timed call is queued behind a GPU spin that outlasts the host's queueing (`behind_head_start`), so
   kernels and whole calls read the device's time. A host-bound graph replays, and a replay leaves the device's
   time alone: timed as the host queued them, DenseNet121's amp backward read 23.7 ms a call fused, 29.0 split
@@ -44,6 +50,7 @@ import torch
 
 from brrr.compile.cache import folder, write_atomic
 from brrr.compile.fallbacks import debugging, is_out_of_memory, recover
+from brrr.compile.ir import sizes
 from brrr.compile.runtime import handed_over
 from brrr.compile.runtime.launch import warm_all
 
@@ -55,7 +62,8 @@ KERNEL_SAMPLES = 2     # instrumented calls; each kernel keeps its least time
 CALL_SAMPLES = 5       # timed whole calls per candidate, after one checking call
 HEAD_START_CYCLES = 20_000_000   # ~10 ms of GPU clock: the first head start, grown while the host outlasts it
 MAX_HEAD_START_CYCLES = 16 * HEAD_START_CYCLES   # ~160 ms: a call the host queues slower is timed as it queues
-VERSION = 7            # of the verdicts' format and rules: a change makes old verdicts miss
+MEMORY_SLACK = 0.1     # of the peak allocated so far an alternative may store beyond the fused form
+VERSION = 8            # of the verdicts' format and rules: a change makes old verdicts miss
 
 TIMER = None           # a stand-in for DeviceTimer (tests)
 DECISIONS = []         # Verdict records, process-wide, in the order they were made
@@ -71,6 +79,8 @@ class KernelChoice:
     fx_nodes: tuple        # the ops it computes: run as ATen, the alternative "aten"
     split_at: tuple        # the FX nodes whose values start kernels of their own, the alternative "split"
     reductions: tuple = ()   # the FX nodes of its reductions: split across more programs, the alternative "wider"
+    split_bytes: int = 0     # what "split" stores that the kernel does not: its split points' values
+    aten_bytes: int = 0      # the most bytes "aten"'s intermediates (not the kernel's outputs) hold at once
 
 
 @dataclass
@@ -81,6 +91,7 @@ class Verdict:
     roofline_s: float
     tried: dict = field(default_factory=dict)   # way ("fused", "wider", "split", ...) -> seconds of a whole call
     kept: str = "fused"
+    untried: dict = field(default_factory=dict)   # way -> (bytes it would store, the peak so far): over the slack
 
     @property
     def fraction(self):
@@ -92,11 +103,13 @@ class Verdict:
         if not self.tried:
             return head
         tried = ", ".join(f"{way} {s * 1e6:.0f} us" for way, s in self.tried.items())
-        return f"{head}; whole calls: {tried}; kept {self.kept}"
+        untried = "".join(f"; {way} not tried: it would store {extra / 2**20:.0f} MiB, over {MEMORY_SLACK:.0%} of "
+                          f"the {peak / 2**20:.0f} MiB peak so far" for way, (extra, peak) in self.untried.items())
+        return f"{head}; whole calls: {tried}; kept {self.kept}{untried}"
 
     def to_json(self):
         return {"kernel": self.kernel, "measured_s": self.measured_s, "roofline_s": self.roofline_s,
-                "tried": self.tried, "kept": self.kept}
+                "tried": self.tried, "kept": self.kept, "untried": self.untried}
 
 
 def log(verdict):
@@ -114,9 +127,44 @@ def describe(plan, kernels, fx_nodes_of):
         if work is None or not getattr(step, "roots", None):
             continue
         nodes = fx_nodes_of(step, src)
+        split_at = _split_points(step, nodes)
+        inside = set(nodes)
+        outputs = {fx for fx in nodes if set(fx.users) - inside}   # stored by the kernel too
         out.append(KernelChoice(src.name, source_digest(src.source, src.function), work.flops, work.bytes, nodes,
-                                _split_points(step, nodes), _reductions(step)))
+                                split_at, _reductions(step), _held_at_once(nodes, set(split_at) - outputs),
+                                _held_at_once(nodes, inside - outputs)))
     return out
+
+
+def value_bytes(fx):
+    """Bytes an FX node's value allocates at the sizes the graph was captured at: none for a view."""
+    if getattr(fx.target, "is_view", False):
+        return 0
+    vals = fx.meta.get("val")
+    total = 0
+    for v in vals if isinstance(vals, (tuple, list)) else (vals,):
+        if isinstance(v, torch.Tensor):
+            total += sizes.hint(v.numel()) * v.element_size()
+    return total
+
+
+def _held_at_once(nodes, stored):
+    """The most bytes the `stored` values among `nodes` (a kernel's ops, run in graph order) hold at once, each
+    alive from its op to its last use among `nodes`: what a form storing them needs beyond the kernel's outputs."""
+    nodes = [fx for fx in nodes if fx.graph is not None]
+    position = {fx: i for i, fx in enumerate(nodes[0].graph.nodes)} if nodes else {}
+    nodes.sort(key=position.get)
+    inside = set(nodes)
+    last = {fx: max((position[u] for u in fx.users if u in inside), default=position[fx]) for fx in nodes}
+    alive, held, peak = {}, 0, 0
+    for fx in nodes:
+        if fx in stored:
+            alive[fx] = value_bytes(fx)
+            held += alive[fx]
+        peak = max(peak, held)
+        for done in [a for a in alive if last[a] <= position[fx]]:
+            held -= alive.pop(done)
+    return peak
 
 
 def _reductions(step):
@@ -210,6 +258,9 @@ class DeviceTimer:
             times.append(start.elapsed_time(end) * 1e-3)
         return statistics.median(times)
 
+    def peak_bytes(self, graph):
+        return torch.cuda.max_memory_allocated(graph.device)
+
     def roofline(self, choice, device):
         from brrr.cost.device import get_ceilings
 
@@ -291,7 +342,8 @@ def _load(key):
         with open(os.path.join(folder("floor"), f"{key}.json")) as f:
             entry = json.load(f)
         return [Verdict(entry["graph"], v["kernel"], float(v["measured_s"]), float(v["roofline_s"]),
-                        dict(v["tried"]), v["kept"]) for v in entry["verdicts"]], entry["digests"]
+                        dict(v["tried"]), v["kept"], {w: tuple(x) for w, x in v.get("untried", {}).items()})
+                for v in entry["verdicts"]], entry["digests"]
     except (OSError, ValueError, KeyError, TypeError):
         return None   # missing, truncated or corrupt: measured again
 
@@ -366,7 +418,8 @@ def _try_alternatives(graph, args, timer, slow, digests):
     gets none: no alternative can save more than that gap, so none could be kept, and each costs a compile (a
     re-plan of the whole graph for split and ATen)."""
     base = timer.call_time(graph, args)
-    force, split, widen, warps, best = set(), set(), set(), {}, None
+    peak = timer.peak_bytes(graph) if hasattr(timer, "peak_bytes") else None
+    force, split, widen, warps, best, kept_extra = set(), set(), set(), {}, None, 0
     for digest, stake, verdicts in _by_source(slow)[:MAX_SLOW]:
         if stake < (1 - MARGIN) * base:
             for v in verdicts:
@@ -376,7 +429,8 @@ def _try_alternatives(graph, args, timer, slow, digests):
         fx_nodes = {fx for c in same for fx in c.fx_nodes}
         split_at = {fx for c in same for fx in c.split_at}
         reductions = {fx for c in same for fx in c.reductions}
-        tried, kept = {"fused": base}, "fused"
+        extra = {"split": max(c.split_bytes for c in same), "aten": max(c.aten_bytes for c in same)}
+        tried, kept, untried = {"fused": base}, "fused", {}
         current = best or graph
         names = _names_of(current, digest)
         glb = current.call.__globals__
@@ -393,6 +447,9 @@ def _try_alternatives(graph, args, timer, slow, digests):
         for way in ("wider", "split", "aten"):
             if (way == "split" and not split_at - split) or (way == "wider" and not reductions - widen):
                 continue   # nothing to split, or no reduction to split wider: the same plan
+            if way in extra and peak is not None and kept_extra + extra[way] > MEMORY_SLACK * peak:
+                untried[way] = (extra[way], peak)
+                continue
             f = force | fx_nodes if way == "aten" else force
             p = split | split_at if way == "split" else split
             w = widen | reductions if way == "wider" else widen
@@ -407,10 +464,11 @@ def _try_alternatives(graph, args, timer, slow, digests):
         if kept in ("wider", "split", "aten"):
             warps.pop(digest, None)
             force, split, widen = kept_choices
+            kept_extra += extra.get(kept, 0)
         if kept != "fused":
             digests[digest] = kept
         for v in verdicts:
-            v.tried, v.kept = dict(tried), kept
+            v.tried, v.kept, v.untried = dict(tried), kept, dict(untried)
     if best is not None:
         graph.adopt(tuple(force), tuple(split), tuple(widen))
         _adopt_form(graph, best)
