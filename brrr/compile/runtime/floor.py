@@ -21,8 +21,9 @@ How, on the first call of a graph on a GPU (CompiledGraph._first_call runs `sett
   saves MARGIN. Choices accumulate, kernel by kernel.
 - Memory binds as time does: the split and ATen forms store values the fused kernel keeps in registers (the
   split's stored values; the ATen ops' intermediates, alive from their op to their last use). One whose extra
-  bytes, with those of the forms kept before it, exceed MEMORY_SLACK of the process's peak allocated so far is
-  not tried: its call could raise the whole run's peak by more than that. OPT-125m's loss backward as ATen
+  bytes exceed MEMORY_SLACK of the process's peak allocated so far is not tried: its call could raise the whole
+  run's peak by more than that. (Kept forms' extras are transient, each within its kernel's span, so they do not
+  add up.) OPT-125m's loss backward as ATen
   materialized [8192, 50272] logits-sized tensors, and its first call peaked at 8634 MiB against a steady step of
   3614 (benchmarks/NOTES.md).
 - Every timed call is queued behind a GPU spin that outlasts the host's queueing (`behind_head_start`), so
@@ -419,7 +420,7 @@ def _try_alternatives(graph, args, timer, slow, digests):
     re-plan of the whole graph for split and ATen)."""
     base = timer.call_time(graph, args)
     peak = timer.peak_bytes(graph) if hasattr(timer, "peak_bytes") else None
-    force, split, widen, warps, best, kept_extra = set(), set(), set(), {}, None, 0
+    force, split, widen, warps, best = set(), set(), set(), {}, None
     for digest, stake, verdicts in _by_source(slow)[:MAX_SLOW]:
         if stake < (1 - MARGIN) * base:
             for v in verdicts:
@@ -447,7 +448,7 @@ def _try_alternatives(graph, args, timer, slow, digests):
         for way in ("wider", "split", "aten"):
             if (way == "split" and not split_at - split) or (way == "wider" and not reductions - widen):
                 continue   # nothing to split, or no reduction to split wider: the same plan
-            if way in extra and peak is not None and kept_extra + extra[way] > MEMORY_SLACK * peak:
+            if way in extra and peak is not None and extra[way] > MEMORY_SLACK * peak:
                 untried[way] = (extra[way], peak)
                 continue
             f = force | fx_nodes if way == "aten" else force
@@ -464,7 +465,6 @@ def _try_alternatives(graph, args, timer, slow, digests):
         if kept in ("wider", "split", "aten"):
             warps.pop(digest, None)
             force, split, widen = kept_choices
-            kept_extra += extra.get(kept, 0)
         if kept != "fused":
             digests[digest] = kept
         for v in verdicts:
