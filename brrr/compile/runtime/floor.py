@@ -20,12 +20,13 @@ How, on the first call of a graph on a GPU (CompiledGraph._first_call runs `sett
   whole calls (CUDA events, the median of CALL_SAMPLES, after a checking call); an alternative is kept when it
   saves MARGIN. Choices accumulate, kernel by kernel.
 - Memory binds as time does: the split and ATen forms store values the fused kernel keeps in registers (the
-  split's stored values; the ATen ops' intermediates, alive from their op to their last use). One whose extra
-  bytes exceed MEMORY_SLACK of the process's peak allocated so far is not tried: its call could raise the whole
-  run's peak by more than that. (Kept forms' extras are transient, each within its kernel's span, so they do not
-  add up.) OPT-125m's loss backward as ATen
-  materialized [8192, 50272] logits-sized tensors, and its first call peaked at 8634 MiB against a steady step of
-  3614 (benchmarks/NOTES.md).
+  split's stored values; the ATen ops' intermediates, alive from their op to their last use). At the kernel,
+  such a form's call holds what was allocated when the call began, the kernel's operands and those values; one
+  where that passes the process's peak so far by over MEMORY_SLACK is not tried, as its timing call would set the
+  run's peak. OPT-125m's loss backward as ATen materialized [8192, 50272] logits-sized tensors: its first call
+  peaked at 8634 MiB against a steady step of 3614. A bound on the extra bytes alone, against the peak, kept small
+  inference graphs from the split that saved them 27% (benchmarks/NOTES.md). Kept forms' extras are transient,
+  each within its kernel's span, so they do not add up.
 - Every timed call is queued behind a GPU spin that outlasts the host's queueing (`behind_head_start`), so
   kernels and whole calls read the device's time. A host-bound graph replays, and a replay leaves the device's
   time alone: timed as the host queued them, DenseNet121's amp backward read 23.7 ms a call fused, 29.0 split
@@ -63,7 +64,7 @@ KERNEL_SAMPLES = 2     # instrumented calls; each kernel keeps its least time
 CALL_SAMPLES = 5       # timed whole calls per candidate, after one checking call
 HEAD_START_CYCLES = 20_000_000   # ~10 ms of GPU clock: the first head start, grown while the host outlasts it
 MAX_HEAD_START_CYCLES = 16 * HEAD_START_CYCLES   # ~160 ms: a call the host queues slower is timed as it queues
-MEMORY_SLACK = 0.1     # of the peak allocated so far an alternative may store beyond the fused form
+MEMORY_SLACK = 0.1     # how far over the peak allocated so far an alternative's call may be expected to reach
 VERSION = 8            # of the verdicts' format and rules: a change makes old verdicts miss
 
 TIMER = None           # a stand-in for DeviceTimer (tests)
@@ -92,7 +93,7 @@ class Verdict:
     roofline_s: float
     tried: dict = field(default_factory=dict)   # way ("fused", "wider", "split", ...) -> seconds of a whole call
     kept: str = "fused"
-    untried: dict = field(default_factory=dict)   # way -> (bytes it would store, the peak so far): over the slack
+    untried: dict = field(default_factory=dict)   # way -> (bytes its call would hold at the kernel, the peak so far)
 
     @property
     def fraction(self):
@@ -104,8 +105,9 @@ class Verdict:
         if not self.tried:
             return head
         tried = ", ".join(f"{way} {s * 1e6:.0f} us" for way, s in self.tried.items())
-        untried = "".join(f"; {way} not tried: it would store {extra / 2**20:.0f} MiB, over {MEMORY_SLACK:.0%} of "
-                          f"the {peak / 2**20:.0f} MiB peak so far" for way, (extra, peak) in self.untried.items())
+        untried = "".join(f"; {way} not tried: its call would hold {held / 2**20:.0f} MiB at the kernel, over "
+                          f"{1 + MEMORY_SLACK:.1f}x the {peak / 2**20:.0f} MiB peak so far"
+                          for way, (held, peak) in self.untried.items())
         return f"{head}; whole calls: {tried}; kept {self.kept}{untried}"
 
     def to_json(self):
@@ -259,8 +261,9 @@ class DeviceTimer:
             times.append(start.elapsed_time(end) * 1e-3)
         return statistics.median(times)
 
-    def peak_bytes(self, graph):
-        return torch.cuda.max_memory_allocated(graph.device)
+    def memory(self, graph):
+        """(the peak allocated so far, allocated now) on the graph's device."""
+        return torch.cuda.max_memory_allocated(graph.device), torch.cuda.memory_allocated(graph.device)
 
     def roofline(self, choice, device):
         from brrr.cost.device import get_ceilings
@@ -419,7 +422,7 @@ def _try_alternatives(graph, args, timer, slow, digests):
     gets none: no alternative can save more than that gap, so none could be kept, and each costs a compile (a
     re-plan of the whole graph for split and ATen)."""
     base = timer.call_time(graph, args)
-    peak = timer.peak_bytes(graph) if hasattr(timer, "peak_bytes") else None
+    peak, allocated = timer.memory(graph) if hasattr(timer, "memory") else (None, 0)
     force, split, widen, warps, best = set(), set(), set(), {}, None
     for digest, stake, verdicts in _by_source(slow)[:MAX_SLOW]:
         if stake < (1 - MARGIN) * base:
@@ -430,7 +433,8 @@ def _try_alternatives(graph, args, timer, slow, digests):
         fx_nodes = {fx for c in same for fx in c.fx_nodes}
         split_at = {fx for c in same for fx in c.split_at}
         reductions = {fx for c in same for fx in c.reductions}
-        extra = {"split": max(c.split_bytes for c in same), "aten": max(c.aten_bytes for c in same)}
+        held = {"split": allocated + max(c.bytes + c.split_bytes for c in same),
+                "aten": allocated + max(c.bytes + c.aten_bytes for c in same)}
         tried, kept, untried = {"fused": base}, "fused", {}
         current = best or graph
         names = _names_of(current, digest)
@@ -448,8 +452,8 @@ def _try_alternatives(graph, args, timer, slow, digests):
         for way in ("wider", "split", "aten"):
             if (way == "split" and not split_at - split) or (way == "wider" and not reductions - widen):
                 continue   # nothing to split, or no reduction to split wider: the same plan
-            if way in extra and peak is not None and extra[way] > MEMORY_SLACK * peak:
-                untried[way] = (extra[way], peak)
+            if way in held and peak is not None and held[way] > (1 + MEMORY_SLACK) * peak:
+                untried[way] = (held[way], peak)
                 continue
             f = force | fx_nodes if way == "aten" else force
             p = split | split_at if way == "split" else split
