@@ -1,7 +1,7 @@
 """Which allocations are alive at a training configuration's whole-run peak, per backend: the sweep's step run
 three times under the allocator's memory history, the live blocks at the highest point grouped by the first
-frame in brrr, Inductor or the model. usage: what-holds-a-training-step-at-its-peak.py CONFIG BACKEND
-(BACKEND: eager, brrr, brrr-launched (cuda_graphs=False), inductor)."""
+frame in brrr, Inductor or the model. usage: what-holds-a-training-step-at-its-peak.py CONFIG BACKEND [STEPS]
+(BACKEND: eager, brrr, brrr-launched (cuda_graphs=False), inductor; STEPS: 3, more to pass brrr's replay trial)."""
 
 import collections
 import sys
@@ -24,7 +24,7 @@ def where(frames):
     return "?"
 
 
-def main(name, backend):
+def main(name, backend, steps=3):
     config = next(c for c in catalog.all_configs() if c.name == name)
     device = torch.device("cuda")
     work = config.build(device, False)
@@ -45,7 +45,7 @@ def main(name, backend):
     step = SweepStep(fn, work.model, [inputs], True, cot, autocast=config.precision == "amp",
                      optimizer=_optimizer(work, config.precision))
     peaks = []
-    for _ in range(3):
+    for _ in range(int(steps)):
         torch.cuda.reset_peak_memory_stats()
         step()
         torch.cuda.synchronize()
@@ -86,4 +86,4 @@ def main(name, backend):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
